@@ -1,0 +1,1 @@
+"""Measuring a build: accuracy (lm-eval), and later speed, memory and sizing."""

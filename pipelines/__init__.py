@@ -1,0 +1,1 @@
+"""Orchestration: model cards, stages and their cache, MLflow tracking, the CLI."""

@@ -1,0 +1,214 @@
+"""Model cards: one strictly validated YAML file per model under pipelines/models/.
+
+A card says where the weights come from, which precisions to build, the calibration data, the
+accuracy tasks, the speed grid, the target GPUs and the gate policy. Unknown keys are errors; every
+error is one line naming the file, the key and what is expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipelines.errors import QevalError
+from pipelines.paths import CARDS_DIR, resolve_repo_path
+from quant.precisions import PRECISIONS, get_precision, suggest
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Where the base model's weights come from: a local folder or a hub id at a revision."""
+
+    path: str | None = Field(None, description="local checkpoint folder, absolute or relative to the repo")
+    hub_id: str | None = Field(None, description="hub repository id, e.g. meta-llama/Llama-3.1-8B-Instruct")
+    revision: str = Field("main", description="hub revision (a commit hash pins it)")
+    trust_remote_code: bool = Field(False, description="run code shipped with the model; only if its card asks")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Source:
+        if (self.path is None) == (self.hub_id is None):
+            raise ValueError("give exactly one of 'path' or 'hub_id'")
+        return self
+
+
+class Calibration(_Strict):
+    """Calibration text for the precisions that need it (int8, awq, gptq)."""
+
+    dataset: str = Field(description="a local JSONL file (relative to the repo) or a hub data set id")
+    split: str = Field("train", description="split of a hub data set")
+    text_field: str = Field("text", description="field holding the text")
+    num_samples: PositiveInt = Field(64, description="samples used for calibration")
+    max_seq_length: PositiveInt = Field(512, description="tokens per calibration sample, at most")
+
+
+class Quantization(_Strict):
+    """Overrides of the precisions' defaults."""
+
+    group_size: PositiveInt = Field(128, description="input channels per weight scale for 4-bit builds")
+    ignore: list[str] = Field(["lm_head"], description="modules left unquantized")
+
+
+class Accuracy(_Strict):
+    """lm-eval settings, identical for every build of the model."""
+
+    tasks: list[str] = Field(min_length=1, description="lm-eval task names")
+    include_path: str | None = Field(None, description="folder of local task YAMLs, relative to the repo")
+    num_fewshot: int = Field(0, ge=0, description="few-shot examples per prompt")
+    limit: PositiveInt | None = Field(None, description="documents per task (None: all)")
+    batch_size: PositiveInt = Field(8, description="lm-eval batch size")
+    seed: int = Field(1234, description="seed for sampling few-shot examples")
+
+
+class Slo(_Strict):
+    """Latency objective per request, checked at the 95th percentile."""
+
+    ttft_ms: float = Field(gt=0, description="time to first token, ms")
+    tpot_ms: float = Field(gt=0, description="time per output token after the first, ms")
+
+
+class Speed(_Strict):
+    """The engine and server benchmark grid."""
+
+    batch_sizes: list[PositiveInt] = Field([1], min_length=1)
+    input_lengths: list[PositiveInt] = Field([128], min_length=1)
+    output_lengths: list[PositiveInt] = Field([64], min_length=1)
+    concurrency: list[PositiveInt] = Field([1], min_length=1, description="server concurrency levels")
+    warmup: int = Field(2, ge=0, description="untimed runs before measuring")
+    repeats: PositiveInt = Field(5, description="timed runs per grid point")
+    slo: Slo
+
+
+class Gate(_Strict):
+    """The policy that decides which quantized build ships."""
+
+    baseline: str = Field("bf16", description="precision every build is compared with")
+    min_recovery: float = Field(0.99, gt=0, le=1.5, description="quantized / baseline score, at least")
+    task_min_recovery: dict[str, float] = Field({}, description="per-task overrides of min_recovery")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
+    min_speedup: float = Field(1.0, gt=0, description="decode speed-up over the baseline, at least")
+    memory_budget_gb: float | None = Field(None, gt=0, description="peak memory allowed, GB")
+
+
+class ModelCard(_Strict):
+    """Everything qeval needs to build, measure and gate one model."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="the card's file name without .yaml")
+    description: str
+    source: Source
+    precisions: list[str] = Field(min_length=1)
+    calibration: Calibration | None = None
+    quantization: Quantization = Quantization()
+    accuracy: Accuracy
+    speed: Speed
+    target_gpus: list[str] = Field([], description="GPUs to size the builds for")
+    gate: Gate = Gate()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelCard:
+        for p in self.precisions:
+            get_precision(p)
+        if len(set(self.precisions)) != len(self.precisions):
+            raise ValueError("precisions: a precision is listed twice")
+        if self.gate.baseline not in self.precisions:
+            raise ValueError(f"gate.baseline '{self.gate.baseline}' is not among precisions")
+        needing = [p for p in self.precisions if PRECISIONS[p].needs_calibration]
+        if needing and self.calibration is None:
+            raise ValueError(f"precisions {needing} need a 'calibration' section")
+        unknown = set(self.gate.task_min_recovery) - set(self.accuracy.tasks)
+        if unknown:
+            raise ValueError(f"gate.task_min_recovery names tasks not in accuracy.tasks: {sorted(unknown)}")
+        return self
+
+
+def _describe(err: dict, model: type[BaseModel]) -> str:
+    """One pydantic error as 'key ...: what is expected'."""
+    loc = [str(x) for x in err["loc"]]
+    key = ".".join(loc) or "(card)"
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(model, loc[:-1])
+        return f"unknown key '{key}'{suggest(loc[-1], allowed)}; allowed here: {', '.join(allowed)}"
+    if err["type"] == "missing":
+        return f"missing key '{key}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    if not loc:
+        return msg
+    return f"key '{key}': {msg} (got {err.get('input')!r})"
+
+
+def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
+    for part in loc:
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None)
+        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return []
+        model = inner[0]
+    return list(model.model_fields)
+
+
+def parse_card(path: Path) -> ModelCard:
+    """Read and validate one card file; QevalError with one line on any problem."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise QevalError(f"{path}: cannot read model card: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise QevalError(f"{path}: a model card is a YAML mapping of keys to values")
+    try:
+        card = ModelCard.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors()
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise QevalError(f"{path}: {_describe(errors[0], ModelCard)}{more}") from None
+    if card.name != path.stem:
+        raise QevalError(f"{path}: key 'name' is '{card.name}' but the file is named '{path.stem}.yaml'")
+    return card
+
+
+def card_names(cards_dir: Path = CARDS_DIR) -> list[str]:
+    return sorted(p.stem for p in cards_dir.glob("*.yaml"))
+
+
+def load_card(name: str, cards_dir: Path = CARDS_DIR) -> ModelCard:
+    """The card named `name`; an unknown name lists the known ones."""
+    path = cards_dir / f"{name}.yaml"
+    if not path.is_file():
+        known = card_names(cards_dir)
+        raise QevalError(
+            f"unknown model '{name}'{suggest(name, known)}; known: {', '.join(known)} "
+            f"(add a card as {cards_dir}/{name}.yaml)"
+        )
+    return parse_card(path)
+
+
+def resolve_weights(card: ModelCard) -> str:
+    """A local folder holding the base model's weights, or a clear error when it cannot be had."""
+    src = card.source
+    if src.path is not None:
+        folder = resolve_repo_path(src.path)
+        if not (folder / "config.json").is_file():
+            raise QevalError(f"model '{card.name}': no checkpoint at {folder} (source.path in its card)")
+        return str(folder)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(src.hub_id, revision=src.revision, allow_patterns=_WEIGHT_FILES)
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as e:
+        raise QevalError(
+            f"model '{card.name}': weights for {src.hub_id}@{src.revision} are not available offline "
+            f"and could not be downloaded ({type(e).__name__}); download them where the hub is reachable "
+            f"or set source.path to a local copy"
+        ) from None
+
+
+# safetensors only: a *.bin pickle can run code when loaded.
+_WEIGHT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]

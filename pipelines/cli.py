@@ -1,0 +1,155 @@
+"""The `qeval` command line: one subcommand per stage, plus `run`, `models` and `ui`.
+
+Each prints a human summary and, with --json, one JSON document as its last line. Exit status: 0 ok,
+1 a gate that found nothing to ship, 2 bad input or a failed stage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from pipelines import cards as cards_mod
+from pipelines.errors import QevalError
+from pipelines.stages import StageRecord
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization evaluation pipeline.")
+out = Console()
+err = Console(stderr=True)
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="model card name (see `qeval models`)")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="redo stages even when their inputs are unchanged")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document as the last line")]
+
+
+@app.callback()
+def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
+        force=True,
+    )
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a QevalError into one line on stderr and exit status 2."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except QevalError as e:
+            err.print(f"qeval: error: {e}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except ValueError as e:  # registry lookups (unknown precision, ...)
+            err.print(f"qeval: error: {e}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _emit_json(doc: Any, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.flush()
+        print(json.dumps(doc, default=str), flush=True)
+
+
+def _records_table(records: list[StageRecord]) -> Table:
+    table = Table(title="stages")
+    for col in ("build", "stage", "status", "seconds", "metrics"):
+        table.add_column(col)
+    for r in records:
+        shown = ", ".join(f"{k.split('/', 1)[-1]}={v:.4g}" for k, v in sorted(r.metrics.items()) if "stderr" not in k)
+        table.add_row(f"{r.model}@{r.precision}", r.stage, r.status, f"{r.seconds:.1f}", shown)
+    return table
+
+
+def _tracker(model: str):
+    from pipelines.tracking import Tracker
+
+    return Tracker(model)
+
+
+@app.command()
+@_guarded
+def models(as_json: JsonOpt = False) -> None:
+    """List the model cards and check that each one is valid."""
+    table = Table(title="model cards")
+    for col in ("name", "source", "precisions", "tasks"):
+        table.add_column(col)
+    listed, problems = [], []
+    for name in cards_mod.card_names():
+        try:
+            card = cards_mod.load_card(name)
+        except QevalError as e:
+            problems.append(str(e))
+            continue
+        src = card.source.path or f"{card.source.hub_id}@{card.source.revision}"
+        table.add_row(name, src, " ".join(card.precisions), " ".join(card.accuracy.tasks))
+        listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})
+    out.print(table)
+    _emit_json({"models": listed, "invalid": problems}, as_json)
+    if problems:
+        raise QevalError("; ".join(problems))
+
+
+@app.command()
+@_guarded
+def evaluate(
+    model: ModelOpt,
+    precision: Annotated[str | None, typer.Option(help="build to evaluate (default: the baseline)")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="documents per task, for a quick look")] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Accuracy of one build with lm-evaluation-harness."""
+    from pipelines.evaluate import evaluate as run_evaluate
+
+    card = cards_mod.load_card(model)
+    record = run_evaluate(card, precision or card.gate.baseline, _tracker(model), force=force, limit=limit)
+    out.print(_records_table([record]))
+    _emit_json(record.as_json(), as_json)
+
+
+@app.command()
+@_guarded
+def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = False) -> None:
+    """Every stage of the pipeline for one model card."""
+    from pipelines.pipeline import run_pipeline
+
+    card = cards_mod.load_card(model)
+    records = run_pipeline(card, _tracker(model), force=force)
+    out.print(_records_table(records))
+    _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
+
+
+@app.command()
+@_guarded
+def ui(
+    host: Annotated[str, typer.Option(help="address to bind; keep 127.0.0.1 unless you mean to share")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port")] = 5000,
+) -> None:
+    """Browse the runs in the MLflow UI (Ctrl-C stops it)."""
+    from pipelines.procs import stop_process_group
+    from pipelines.tracking import redact, tracking_uri, ui_command
+
+    err.print(f"MLflow UI on http://{host}:{port} (store: {redact(tracking_uri())})", highlight=False)
+    proc = subprocess.Popen(ui_command(host, port), start_new_session=True)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        stop_process_group(proc)
+        code = 0
+    if code != 0:
+        raise QevalError(f"the MLflow UI exited with status {code} (is port {port} free? try --port)")

@@ -1,0 +1,111 @@
+"""The evaluate stage: lm-eval accuracy of one build, logged as `eval/<task>/<metric>`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+import eval.accuracy as accuracy
+from pipelines.cards import ModelCard, resolve_weights
+from pipelines.errors import QevalError
+from pipelines.paths import resolve_repo_path
+from pipelines.stages import StageOutput, StageRecord, file_digest, run_stage, stage_dir
+from pipelines.tracking import Tracker, lm_eval_metrics
+from quant.precisions import get_precision
+
+STAGE = "evaluate"
+
+
+def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
+    """The folder holding a build's weights, and a digest that identifies them."""
+    get_precision(precision)
+    if precision == card.gate.baseline:
+        folder = resolve_weights(card)
+        ident = (
+            file_digest(sorted(Path(folder).glob("*.safetensors")) + [Path(folder) / "config.json"])
+            if card.source.path is not None
+            else f"{card.source.hub_id}@{card.source.revision}"
+        )
+        return folder, ident
+    build = stage_dir(card.name, precision, "quantize")
+    folder = build / "checkpoint"
+    if not (build / "manifest.json").is_file() or not folder.is_dir():
+        raise QevalError(
+            f"{card.name}@{precision} has no quantized checkpoint at {folder}; "
+            f"build it first: qeval quantize --model {card.name} --precision {precision}"
+        )
+    return str(folder), json.loads((build / "manifest.json").read_text())["inputs_digest"]
+
+
+def evaluate(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False,
+             limit: int | None = None) -> StageRecord:
+    """Run the card's lm-eval tasks on one build and log them to its MLflow run."""
+    checkpoint, checkpoint_id = checkpoint_for(card, precision)
+    acc = card.accuracy
+    include = resolve_repo_path(acc.include_path) if acc.include_path else None
+    if include is not None and not include.is_dir():
+        raise QevalError(f"model '{card.name}': accuracy.include_path {include} is not a folder")
+    cfg = accuracy.AccuracyConfig(
+        checkpoint=checkpoint,
+        tasks=acc.tasks,
+        include_path=str(include) if include else None,
+        num_fewshot=acc.num_fewshot,
+        limit=limit or acc.limit,
+        batch_size=acc.batch_size,
+        seed=acc.seed,
+        trust_remote_code=card.source.trust_remote_code,
+        offline=card.source.path is not None,
+    )
+    inputs = {
+        "checkpoint": checkpoint_id,
+        "config": cfg.model_dump(exclude={"checkpoint", "include_path"}),
+        "task_files": file_digest(_task_files(include)) if include else None,
+    }
+
+    def work(out: Path) -> StageOutput:
+        result = accuracy.evaluate_accuracy(cfg, out, log_file=out / "lm_eval.log")
+        metrics = lm_eval_metrics(result.results)
+        return StageOutput(
+            metrics=metrics,
+            params={
+                "eval.tasks": ",".join(cfg.tasks),
+                "eval.num_fewshot": str(cfg.num_fewshot),
+                "eval.limit": str(cfg.limit),
+                "eval.batch_size": str(cfg.batch_size),
+                "eval.dtype": cfg.dtype,
+                "eval.task_data_sha256": inputs["task_files"] or "hub",
+            },
+            summary={
+                "n_samples": result.n_samples,
+                "seconds": result.seconds,
+                "peak_rss_mb": result.peak_rss_mb,
+                "lm_eval_version": result.lm_eval_version,
+            },
+        )
+
+    return run_stage(tracker, precision, STAGE, inputs, _code(), work, force=force)
+
+
+class _TaskYamlLoader(yaml.SafeLoader):
+    """Reads lm-eval task YAMLs, whose `!function` tags name Python code we do not need here."""
+
+
+_TaskYamlLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def _task_files(include: Path) -> list[Path]:
+    """The local task YAMLs and the data files they name, so that editing either reruns the stage."""
+    files = sorted(include.glob("*.yaml"))
+    for f in list(files):
+        spec = yaml.load(f.read_text(), Loader=_TaskYamlLoader) or {}
+        data_files = (spec.get("dataset_kwargs") or {}).get("data_files") or {}
+        for value in data_files.values() if isinstance(data_files, dict) else [data_files]:
+            if isinstance(value, str) and resolve_repo_path(value).is_file():
+                files.append(resolve_repo_path(value))
+    return files
+
+
+def _code() -> list[Path]:
+    return [Path(accuracy.__file__), Path(__file__)]

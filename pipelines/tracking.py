@@ -1,0 +1,227 @@
+"""The MLflow contract (shared/DESIGN.md): the only module that imports mlflow.
+
+One experiment per model (`qeval/<model>`), one run per build (`<model>@<precision>`); each stage adds
+its metrics, params and artifacts to that run and sets the tag `qeval.stage.<stage>` to `done` or
+`failed`. The store is $MLFLOW_TRACKING_URI, else SQLite at mlruns/mlflow.db with artifacts under
+mlruns/artifacts/.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from pipelines.errors import QevalError
+from pipelines.paths import mlruns_dir
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+TAG_MODEL, TAG_PRECISION = "qeval.model", "qeval.precision"
+TAG_SUPERSEDED = "qeval.superseded_by"
+_MAX_TAG = 5000  # MLflow's limit on a tag value is 8000 characters; keep errors well inside it.
+
+
+def stage_tag(stage: str) -> str:
+    return f"qeval.stage.{stage}"
+
+
+def experiment_name(model: str) -> str:
+    return f"qeval/{model}"
+
+
+def run_name(model: str, precision: str) -> str:
+    return f"{model}@{precision}"
+
+
+def tracking_uri() -> str:
+    """$MLFLOW_TRACKING_URI, else the SQLite store under mlruns/."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
+
+
+def redact(uri: str) -> str:
+    """The URI without user name or password, for messages."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return uri
+
+
+def metric_key(task: str, lm_eval_key: str) -> str | None:
+    """lm-eval's `acc,none` -> `eval/<task>/acc`; `exact_match,strict-match` -> `.../exact_match/strict-match`.
+
+    None for keys that are not metrics (`alias`, `samples`). MLflow refuses commas in names.
+    """
+    if "," not in lm_eval_key:
+        return None
+    metric, _, filt = lm_eval_key.partition(",")
+    name = metric if filt in ("", "none") else f"{metric}/{filt}"
+    return f"eval/{task}/{re.sub(r'[^A-Za-z0-9_./ -]', '_', name)}"
+
+
+def lm_eval_metrics(results: Mapping[str, Mapping[str, object]]) -> dict[str, float]:
+    """Flatten lm-eval's `results` section to MLflow metrics; "N/A" stderrs are left out."""
+    out: dict[str, float] = {}
+    for task, values in results.items():
+        for key, value in values.items():
+            name = metric_key(task, key)
+            if name is None or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if math.isfinite(value):
+                out[name] = float(value)
+    return out
+
+
+def ui_command(host: str, port: int) -> list[str]:
+    """The command that serves the MLflow UI over the store."""
+    uri = tracking_uri()
+    db = _sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+            "--host", host, "--port", str(port)]
+
+
+class ParamsChanged(Exception):
+    """A stage reran with other settings: MLflow params are immutable, so the build needs a new run."""
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+@contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Serialise store creation and experiment/run creation between processes sharing a SQLite store.
+
+    Twelve processes creating a fresh MLflow database at once all failed (shared/TOOLCHAIN.md).
+    """
+    db = _sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    with open(db.parent / ".qeval.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class Tracker:
+    """A handle on the MLflow store for one model's experiment."""
+
+    def __init__(self, model: str, uri: str | None = None):
+        self.model = model
+        self.uri = uri or tracking_uri()
+        db = _sqlite_path(self.uri)
+        try:
+            if db is not None:
+                db.parent.mkdir(parents=True, exist_ok=True)
+                with open(db, "ab"):
+                    pass
+            with _store_lock(self.uri):
+                from mlflow.tracking import MlflowClient
+
+                self.client = MlflowClient(tracking_uri=self.uri)
+                self.experiment_id = self._experiment()
+        except Exception as e:  # any failure here means the store cannot be used
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise QevalError(
+                f"MLflow store {redact(self.uri)} is not usable: {msg}; set MLFLOW_TRACKING_URI "
+                f"or QEVAL_WORKDIR to a writable place"
+            ) from None
+
+    def _artifact_location(self) -> str | None:
+        db = _sqlite_path(self.uri)
+        return str(db.parent / "artifacts" / self.model) if db is not None else None
+
+    def _experiment(self) -> str:
+        name = experiment_name(self.model)
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        return self.client.create_experiment(
+            name, artifact_location=self._artifact_location(), tags=dict([EXPERIMENT_KIND_TAG])
+        )
+
+    def build_run(self, precision: str, *, new: bool = False) -> str:
+        """The id of the current run of build `<model>@<precision>`, created when missing or `new`."""
+        with _store_lock(self.uri):
+            current = self.find_run(precision)
+            if current is not None and not new:
+                return current
+            run = self.client.create_run(
+                self.experiment_id,
+                run_name=run_name(self.model, precision),
+                tags={TAG_MODEL: self.model, TAG_PRECISION: precision},
+            )
+            if current is not None:
+                self.client.set_tag(current, TAG_SUPERSEDED, run.info.run_id)
+            return run.info.run_id
+
+    def find_run(self, precision: str) -> str | None:
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{TAG_PRECISION}` = '{precision}'",
+            order_by=["attributes.start_time DESC"],
+        )
+        live = [r for r in runs if TAG_SUPERSEDED not in r.data.tags]
+        return live[0].info.run_id if live else None
+
+    def run_data(self, run_id: str):
+        """The run's data (metrics, params, tags) as MLflow returns it."""
+        return self.client.get_run(run_id).data
+
+    def stage_is_logged(self, run_id: str, stage: str, digest: str) -> bool:
+        tags = self.client.get_run(run_id).data.tags
+        return tags.get(stage_tag(stage)) == "done" and tags.get(f"{stage_tag(stage)}.digest") == digest
+
+    def log_stage(
+        self,
+        run_id: str,
+        stage: str,
+        digest: str,
+        metrics: Mapping[str, float],
+        params: Mapping[str, str],
+        files_dir: Path | None = None,
+    ) -> None:
+        """Log a finished stage; ParamsChanged when a param already holds another value."""
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.exceptions import MlflowException
+
+        now = int(time.time() * 1000)
+        data = self.client.get_run(run_id).data
+        existing = data.params
+        if any(k in existing and existing[k] != str(v) for k, v in params.items()):
+            raise ParamsChanged(stage)
+        try:
+            self.client.log_batch(
+                run_id,
+                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                params=[Param(k, str(v)) for k, v in params.items() if k not in existing],
+                tags=[RunTag(stage_tag(stage), "done"), RunTag(f"{stage_tag(stage)}.digest", digest)],
+            )
+            if files_dir is not None and any(files_dir.iterdir()):
+                self.client.log_artifacts(run_id, str(files_dir), artifact_path=stage)
+            if f"{stage_tag(stage)}.error" in data.tags:
+                self.client.delete_tag(run_id, f"{stage_tag(stage)}.error")
+            self.client.set_terminated(run_id, "FINISHED")
+        except MlflowException as e:
+            raise QevalError(f"could not log stage '{stage}' to MLflow: {e.message.splitlines()[0]}") from None
+
+    def mark_failed(self, run_id: str, stage: str, error: str) -> None:
+        self.client.set_tag(run_id, stage_tag(stage), "failed")
+        self.client.set_tag(run_id, f"{stage_tag(stage)}.error", error[:_MAX_TAG])
+        self.client.set_terminated(run_id, "FAILED")

@@ -1,0 +1,1 @@
+"""Building quantized checkpoints: the precision registry and, per precision, its llm-compressor recipe."""
