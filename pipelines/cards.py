@@ -8,13 +8,13 @@ error is one line naming the file, the key and what is expected.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipelines.errors import QevalError
-from pipelines.paths import CARDS_DIR, resolve_repo_path
+from pipelines.paths import cards_dir, resolve_repo_path
 from quant.precisions import PRECISIONS, get_precision, suggest
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -30,7 +30,9 @@ class Source(_Strict):
     path: str | None = Field(None, description="local checkpoint folder, absolute or relative to the repo")
     hub_id: str | None = Field(None, description="hub repository id, e.g. meta-llama/Llama-3.1-8B-Instruct")
     revision: str = Field("main", description="hub revision (a commit hash pins it)")
-    trust_remote_code: bool = Field(False, description="run code shipped with the model; only if its card asks")
+    trust_remote_code: bool = Field(
+        False, description="run code shipped with the model; only if its card asks"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Source:
@@ -127,6 +129,18 @@ class ModelCard(_Strict):
             raise ValueError(f"gate.task_min_recovery names tasks not in accuracy.tasks: {sorted(unknown)}")
         return self
 
+    def require_precision(self, precision: str) -> None:
+        """QevalError unless `precision` is known and built for this model."""
+        try:
+            get_precision(precision)
+        except ValueError as e:
+            raise QevalError(str(e)) from None
+        if precision not in self.precisions:
+            raise QevalError(
+                f"model '{self.name}' does not build '{precision}'; "
+                f"its card lists: {', '.join(self.precisions)}"
+            )
+
 
 def _describe(err: dict, model: type[BaseModel]) -> str:
     """One pydantic error as 'key ...: what is expected'."""
@@ -147,7 +161,9 @@ def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
     for part in loc:
         field = model.model_fields.get(part)
         ann = getattr(field, "annotation", None)
-        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        inner = [
+            a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         if not inner:
             return []
         model = inner[0]
@@ -173,18 +189,18 @@ def parse_card(path: Path) -> ModelCard:
     return card
 
 
-def card_names(cards_dir: Path = CARDS_DIR) -> list[str]:
-    return sorted(p.stem for p in cards_dir.glob("*.yaml"))
+def card_names() -> list[str]:
+    return sorted(p.stem for p in cards_dir().glob("*.yaml"))
 
 
-def load_card(name: str, cards_dir: Path = CARDS_DIR) -> ModelCard:
+def load_card(name: str) -> ModelCard:
     """The card named `name`; an unknown name lists the known ones."""
-    path = cards_dir / f"{name}.yaml"
+    path = cards_dir() / f"{name}.yaml"
     if not path.is_file():
-        known = card_names(cards_dir)
+        known = card_names()
         raise QevalError(
-            f"unknown model '{name}'{suggest(name, known)}; known: {', '.join(known)} "
-            f"(add a card as {cards_dir}/{name}.yaml)"
+            f"unknown model '{name}'{suggest(name, known)}; known: {', '.join(known) or 'none'} "
+            f"(add a card as {path})"
         )
     return parse_card(path)
 

@@ -52,9 +52,6 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except QevalError as e:
             err.print(f"qeval: error: {e}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        except ValueError as e:  # registry lookups (unknown precision, ...)
-            err.print(f"qeval: error: {e}", markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
 
     return wrapper
 
@@ -70,7 +67,9 @@ def _records_table(records: list[StageRecord]) -> Table:
     for col in ("build", "stage", "status", "seconds", "metrics"):
         table.add_column(col)
     for r in records:
-        shown = ", ".join(f"{k.split('/', 1)[-1]}={v:.4g}" for k, v in sorted(r.metrics.items()) if "stderr" not in k)
+        shown = ", ".join(
+            f"{k.split('/', 1)[-1]}={v:.4g}" for k, v in sorted(r.metrics.items()) if "stderr" not in k
+        )
         table.add_row(f"{r.model}@{r.precision}", r.stage, r.status, f"{r.seconds:.1f}", shown)
     return table
 
@@ -97,7 +96,9 @@ def models(as_json: JsonOpt = False) -> None:
             continue
         src = card.source.path or f"{card.source.hub_id}@{card.source.revision}"
         table.add_row(name, src, " ".join(card.precisions), " ".join(card.accuracy.tasks))
-        listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})
+        listed.append(
+            {"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks}
+        )
     out.print(table)
     _emit_json({"models": listed, "invalid": problems}, as_json)
     if problems:
@@ -117,7 +118,9 @@ def evaluate(
     from pipelines.evaluate import evaluate as run_evaluate
 
     card = cards_mod.load_card(model)
-    record = run_evaluate(card, precision or card.gate.baseline, _tracker(model), force=force, limit=limit)
+    precision = precision or card.gate.baseline
+    card.require_precision(precision)
+    record = run_evaluate(card, precision, _tracker(model), force=force, limit=limit)
     out.print(_records_table([record]))
     _emit_json(record.as_json(), as_json)
 
@@ -137,7 +140,9 @@ def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = 
 @app.command()
 @_guarded
 def ui(
-    host: Annotated[str, typer.Option(help="address to bind; keep 127.0.0.1 unless you mean to share")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="address to bind; keep 127.0.0.1 unless you mean to share")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 5000,
 ) -> None:
     """Browse the runs in the MLflow UI (Ctrl-C stops it)."""

@@ -13,18 +13,17 @@ from pipelines.errors import QevalError
 from pipelines.paths import resolve_repo_path
 from pipelines.stages import StageOutput, StageRecord, file_digest, run_stage, stage_dir
 from pipelines.tracking import Tracker, lm_eval_metrics
-from quant.precisions import get_precision
 
 STAGE = "evaluate"
 
 
 def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
     """The folder holding a build's weights, and a digest that identifies them."""
-    get_precision(precision)
+    card.require_precision(precision)
     if precision == card.gate.baseline:
         folder = resolve_weights(card)
         ident = (
-            file_digest(sorted(Path(folder).glob("*.safetensors")) + [Path(folder) / "config.json"])
+            file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
             if card.source.path is not None
             else f"{card.source.hub_id}@{card.source.revision}"
         )
@@ -39,8 +38,9 @@ def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
     return str(folder), json.loads((build / "manifest.json").read_text())["inputs_digest"]
 
 
-def evaluate(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False,
-             limit: int | None = None) -> StageRecord:
+def evaluate(
+    card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, limit: int | None = None
+) -> StageRecord:
     """Run the card's lm-eval tasks on one build and log them to its MLflow run."""
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
     acc = card.accuracy

@@ -1,7 +1,8 @@
 """Where qeval reads and writes.
 
 Outputs (artifacts/, mlruns/, reports/) go under the repository root, or under $QEVAL_WORKDIR when
-it is set (tests and parallel checkouts use that to keep their stores apart).
+it is set (tests and parallel checkouts use that to keep their stores apart). Model cards are read from
+pipelines/models/, or from $QEVAL_CARDS_DIR.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CARDS_DIR = REPO_ROOT / "pipelines" / "models"
+
+
+def cards_dir() -> Path:
+    """Model cards: pipelines/models/, or $QEVAL_CARDS_DIR for cards kept elsewhere."""
+    return Path(os.environ.get("QEVAL_CARDS_DIR") or REPO_ROOT / "pipelines" / "models").resolve()
 
 
 def workdir() -> Path:

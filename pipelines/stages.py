@@ -60,9 +60,16 @@ class StageRecord:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "model": self.model, "precision": self.precision, "stage": self.stage, "status": self.status,
-            "seconds": self.seconds, "digest": self.digest, "run_id": self.run_id, "path": str(self.path),
-            "metrics": self.metrics, "summary": self.summary,
+            "model": self.model,
+            "precision": self.precision,
+            "stage": self.stage,
+            "status": self.status,
+            "seconds": self.seconds,
+            "digest": self.digest,
+            "run_id": self.run_id,
+            "path": str(self.path),
+            "metrics": self.metrics,
+            "summary": self.summary,
         }
 
 
@@ -147,7 +154,9 @@ def _log_to_run(tracker: Tracker, precision: str, stage: str, manifest: dict, fi
     """Log a stage to the build's current run; on changed params, start a new run and re-log the rest."""
     run_id = tracker.build_run(precision)
     try:
-        tracker.log_stage(run_id, stage, manifest["inputs_digest"], manifest["metrics"], manifest["params"], files)
+        tracker.log_stage(
+            run_id, stage, manifest["inputs_digest"], manifest["metrics"], manifest["params"], files
+        )
         return run_id
     except ParamsChanged:
         log.info("%s@%s: %s settings changed; starting a new MLflow run", tracker.model, precision, stage)
@@ -155,8 +164,12 @@ def _log_to_run(tracker: Tracker, precision: str, stage: str, manifest: dict, fi
     for other in sorted((artifacts_dir() / tracker.model / precision).iterdir()):
         done = read_manifest(other)
         if done and done.get("status") == "done" and done["stage"] != stage:
-            tracker.log_stage(run_id, done["stage"], done["inputs_digest"], done["metrics"], done["params"], other)
-    tracker.log_stage(run_id, stage, manifest["inputs_digest"], manifest["metrics"], manifest["params"], files)
+            tracker.log_stage(
+                run_id, done["stage"], done["inputs_digest"], done["metrics"], done["params"], other
+            )
+    tracker.log_stage(
+        run_id, stage, manifest["inputs_digest"], manifest["metrics"], manifest["params"], files
+    )
     return run_id
 
 
@@ -198,13 +211,21 @@ def run_stage(
             shutil.rmtree(failed, ignore_errors=True)
             partial.rename(failed)
             tracker.mark_failed(tracker.build_run(precision), stage, error)
-            raise QevalError(f"stage '{stage}' failed for {model}@{precision}: {error} (log: {failed})") from e
+            raise QevalError(
+                f"stage '{stage}' failed for {model}@{precision}: {error} (log: {failed})"
+            ) from e
         manifest = {
-            "model": model, "precision": precision, "stage": stage, "status": "done",
-            "inputs": dict(inputs), "inputs_digest": digest,
+            "model": model,
+            "precision": precision,
+            "stage": stage,
+            "status": "done",
+            "inputs": dict(inputs),
+            "inputs_digest": digest,
             "started": started.isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - t0, 2),
-            "metrics": out.metrics, "params": out.params, "summary": out.summary,
+            "metrics": out.metrics,
+            "params": out.params,
+            "summary": out.summary,
             "versions": library_versions(),
         }
         write_json_atomic(partial / MANIFEST, manifest)
@@ -220,7 +241,14 @@ def run_stage(
 
 def _record(manifest: dict, status: str, run_id: str, path: Path) -> StageRecord:
     return StageRecord(
-        model=manifest["model"], precision=manifest["precision"], stage=manifest["stage"], status=status,
-        seconds=manifest["seconds"], digest=manifest["inputs_digest"], run_id=run_id, path=path,
-        metrics=manifest["metrics"], summary=manifest["summary"],
+        model=manifest["model"],
+        precision=manifest["precision"],
+        stage=manifest["stage"],
+        status=status,
+        seconds=manifest["seconds"],
+        digest=manifest["inputs_digest"],
+        run_id=run_id,
+        path=path,
+        metrics=manifest["metrics"],
+        summary=manifest["summary"],
     )

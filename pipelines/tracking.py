@@ -59,7 +59,7 @@ def redact(uri: str) -> str:
 
 
 def metric_key(task: str, lm_eval_key: str) -> str | None:
-    """lm-eval's `acc,none` -> `eval/<task>/acc`; `exact_match,strict-match` -> `.../exact_match/strict-match`.
+    """lm-eval's `acc,none` -> `eval/<task>/acc`; `em,strict-match` -> `eval/<task>/em/strict-match`.
 
     None for keys that are not metrics (`alias`, `samples`). MLflow refuses commas in names.
     """
@@ -89,8 +89,18 @@ def ui_command(host: str, port: int) -> list[str]:
     db = _sqlite_path(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-            "--host", host, "--port", str(port)]
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
 
 
 class ParamsChanged(Exception):
@@ -133,6 +143,8 @@ class Tracker:
                     pass
             with _store_lock(self.uri):
                 from mlflow.tracking import MlflowClient
+
+                logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its migration chatter
 
                 self.client = MlflowClient(tracking_uri=self.uri)
                 self.experiment_id = self._experiment()
@@ -219,7 +231,9 @@ class Tracker:
                 self.client.delete_tag(run_id, f"{stage_tag(stage)}.error")
             self.client.set_terminated(run_id, "FINISHED")
         except MlflowException as e:
-            raise QevalError(f"could not log stage '{stage}' to MLflow: {e.message.splitlines()[0]}") from None
+            raise QevalError(
+                f"could not log stage '{stage}' to MLflow: {e.message.splitlines()[0]}"
+            ) from None
 
     def mark_failed(self, run_id: str, stage: str, error: str) -> None:
         self.client.set_tag(run_id, stage_tag(stage), "failed")

@@ -26,9 +26,13 @@ class Precision:
 PRECISIONS: dict[str, Precision] = {
     "bf16": Precision("bf16", "baseline, unquantized (fp16 where bf16 is unsupported)", 16, 16, False),
     "fp8": Precision("fp8", "FP8 E4M3 weights per channel, dynamic per-token FP8 activations", 8, 8, False),
-    "int8": Precision("int8", "INT8 W8A8: SmoothQuant + GPTQ, dynamic per-token INT8 activations", 8, 8, True),
+    "int8": Precision(
+        "int8", "INT8 W8A8: SmoothQuant + GPTQ, dynamic per-token INT8 activations", 8, 8, True
+    ),
     "awq": Precision("awq", "AWQ 4-bit asymmetric weights, group 128, 16-bit activations", 4, 16, True, 128),
-    "gptq": Precision("gptq", "GPTQ 4-bit symmetric weights, group 128, 16-bit activations", 4, 16, True, 128),
+    "gptq": Precision(
+        "gptq", "GPTQ 4-bit symmetric weights, group 128, 16-bit activations", 4, 16, True, 128
+    ),
 }
 
 
@@ -44,4 +48,6 @@ def get_precision(name: str) -> Precision:
         return PRECISIONS[name]
     except KeyError:
         known = list(PRECISIONS)
-        raise ValueError(f"unknown precision '{name}'{suggest(name, known)}; known: {', '.join(known)}") from None
+        raise ValueError(
+            f"unknown precision '{name}'{suggest(name, known)}; known: {', '.join(known)}"
+        ) from None

@@ -73,7 +73,8 @@ def main() -> None:
     from refmodel.train import MODEL_DIR
 
     q = measure_quality(MODEL_DIR)
-    print(f"held-out: {q['heldout_chapters']} chapters, {q['heldout_bytes']} bytes, {q['heldout_tokens']} tokens")
+    size = f"{q['heldout_chapters']} chapters, {q['heldout_bytes']} bytes, {q['heldout_tokens']} tokens"
+    print(f"held-out: {size}")
     print(f"ref-lm  bits per byte: {q['model_bits_per_byte']:.4f}")
     print(f"unigram bits per byte: {q['unigram_bits_per_byte']:.4f}")
     print(json.dumps(q))

@@ -122,7 +122,8 @@ def train(args: argparse.Namespace) -> None:
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95),
+        lr=args.lr,
+        betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(args.seed)
     span = args.seq + 1
@@ -143,7 +144,10 @@ def train(args: argparse.Namespace) -> None:
             elapsed = time.perf_counter() - t0
             log.info(
                 "step %d/%d train %.3f held-out %.3f nats/token, %.0f tokens/s",
-                step, args.steps, loss.item(), window_loss(model, val),
+                step,
+                args.steps,
+                loss.item(),
+                window_loss(model, val),
                 (step + 1) * args.batch * args.seq / elapsed,
             )
 
@@ -153,8 +157,13 @@ def train(args: argparse.Namespace) -> None:
     tokenizer.save_pretrained(MODEL_DIR)
     quality = measure_quality(MODEL_DIR)
     quality["training"] = {
-        "steps": args.steps, "batch": args.batch, "seq": args.seq, "lr": args.lr,
-        "seconds": round(time.perf_counter() - t0, 1), "train_tokens": stream.numel(), "seed": args.seed,
+        "steps": args.steps,
+        "batch": args.batch,
+        "seq": args.seq,
+        "lr": args.lr,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "train_tokens": stream.numel(),
+        "seed": args.seed,
     }
     (corpus.DATA_DIR / "quality.json").write_text(json.dumps(quality, indent=2) + "\n")
     log.info("quality: %s", json.dumps(quality))

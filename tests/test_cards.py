@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipelines.cards import card_names, load_card, parse_card
+from pipelines.errors import QevalError
+from pipelines.paths import REPO_ROOT
+from quant.precisions import PRECISIONS, get_precision
+
+REF_CARD = (REPO_ROOT / "pipelines/models/ref-lm.yaml").read_text()
+
+
+def test_shipped_cards_are_valid():
+    names = card_names()
+    assert "ref-lm" in names and len(names) >= 2
+    for name in names:
+        card = load_card(name)
+        assert card.name == name
+        assert card.gate.baseline in card.precisions
+
+
+def test_ref_lm_card_points_at_the_embedded_model():
+    card = load_card("ref-lm")
+    assert card.source.path == "refmodel/ref-lm" and card.source.trust_remote_code is False
+    assert set(card.precisions) == set(PRECISIONS)
+
+
+def test_every_precision_resolves_and_typos_get_a_suggestion():
+    for name in PRECISIONS:
+        assert get_precision(name).name == name
+    with pytest.raises(ValueError, match=r"unknown precision 'gtpq' \(did you mean 'gptq'\?\); known: bf16"):
+        get_precision("gtpq")
+
+
+def _error(cards, text: str, name: str = "bad") -> str:
+    cards(name, text)
+    with pytest.raises(QevalError) as e:
+        load_card(name)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert f"{name}.yaml" in msg
+    return msg
+
+
+def test_unknown_key_is_named_with_a_suggestion(cards):
+    msg = _error(cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("batch_sizes:", "batch_size:"))
+    assert "unknown key 'speed.batch_size' (did you mean 'batch_sizes'?)" in msg
+    assert "allowed here: batch_sizes, input_lengths" in msg
+
+
+def test_wrong_type_names_key_and_value(cards):
+    msg = _error(cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("repeats: 5", "repeats: many"))
+    assert "key 'speed.repeats'" in msg and "'many'" in msg
+
+
+def test_missing_key(cards):
+    text = "\n".join(
+        line
+        for line in REF_CARD.replace("name: ref-lm", "name: bad").splitlines()
+        if not line.startswith("description")
+    )
+    assert "missing key 'description'" in _error(cards, text)
+
+
+def test_cross_field_rules(cards):
+    base = REF_CARD.replace("name: ref-lm", "name: bad")
+    assert "unknown precision 'fp4'" in _error(cards, base.replace("[bf16, fp8,", "[bf16, fp4,"))
+    assert "gate.baseline 'fp16'" in _error(cards, base.replace("baseline: bf16", "baseline: fp16"))
+    no_calib = re.sub(r"calibration:\n(  .*\n)+", "", base)
+    assert "precisions ['int8', 'awq', 'gptq'] need a 'calibration' section" in _error(cards, no_calib)
+    both = base.replace("  path: refmodel/ref-lm", "  path: refmodel/ref-lm\n  hub_id: x/y")
+    assert "exactly one of 'path' or 'hub_id'" in _error(cards, both)
+
+
+def test_name_must_match_file(cards):
+    assert "file is named 'other.yaml'" in _error(cards, REF_CARD, name="other")
+
+
+def test_malformed_yaml(cards):
+    assert "cannot read model card" in _error(cards, "name: [unclosed")
+    assert "YAML mapping" in _error(cards, "- just\n- a list\n")
+
+
+def test_unknown_model_lists_known_ones(cards):
+    with pytest.raises(
+        QevalError, match=r"unknown model 'ref-ln' \(did you mean 'ref-lm'\?\); known: ref-lm"
+    ):
+        load_card("ref-ln")
+
+
+def test_parse_card_reads_a_path(tmp_path):
+    path = tmp_path / "ref-lm.yaml"
+    path.write_text(REF_CARD)
+    assert parse_card(path).accuracy.tasks == ["refkjv_ppl"]

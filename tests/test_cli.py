@@ -1,0 +1,96 @@
+"""The `qeval` command as a user runs it: a real process, its exit status, its last line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import REPO, env_with, last_json_line
+
+
+def qeval(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines", *args],
+        cwd=REPO,
+        env=env_with(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_models_lists_the_cards_as_json(workdir):
+    proc = qeval("models", "--json", QEVAL_WORKDIR=str(workdir))
+    assert proc.returncode == 0, proc.stderr
+    doc = last_json_line(proc.stdout)
+    assert "ref-lm" in {m["name"] for m in doc["models"]} and doc["invalid"] == []
+
+
+def test_unknown_model_is_exit_2_with_one_line(workdir):
+    proc = qeval("run", "--model", "ref_lm", QEVAL_WORKDIR=str(workdir))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"qeval: error: unknown model 'ref_lm' (did you mean 'ref-lm'?); known: llama-3.1-8b-instruct, "
+        f"ref-lm (add a card as {REPO}/pipelines/models/ref_lm.yaml)"
+    ]
+
+
+def test_bad_card_is_exit_2_with_one_line(workdir, cards):
+    path = cards(
+        "broken",
+        "name: broken\ndescription: x\nsource: {path: refmodel/ref-lm}\nprecisions: [bf16]\n"
+        "accuracy: {tasks: [refkjv_ppl]}\nspeed: {slo: {ttft_ms: 1, tpot_ms: 1}, batchsizes: [1]}\n",
+    )
+    proc = qeval("run", "--model", "broken", QEVAL_WORKDIR=str(workdir), QEVAL_CARDS_DIR=str(path.parent))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and "unknown key 'speed.batchsizes'" in lines[0]
+    listed = qeval("models", QEVAL_WORKDIR=str(workdir), QEVAL_CARDS_DIR=str(path.parent))
+    assert listed.returncode == 2 and "broken.yaml" in listed.stderr
+
+
+def test_unknown_precision_is_exit_2(workdir):
+    proc = qeval("evaluate", "--model", "ref-lm", "--precision", "int4", QEVAL_WORKDIR=str(workdir))
+    assert proc.returncode == 2
+    assert "unknown precision 'int4'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_quantized_build_without_checkpoint_says_how_to_build_it(workdir):
+    proc = qeval("evaluate", "--model", "ref-lm", "--precision", "gptq", QEVAL_WORKDIR=str(workdir))
+    assert proc.returncode == 2
+    assert "ref-lm@gptq has no quantized checkpoint" in proc.stderr
+
+
+def test_unwritable_store_is_exit_2(workdir):
+    blocker = workdir / "plain-file"
+    blocker.write_text("")
+    proc = qeval(
+        "run",
+        "--model",
+        "ref-lm",
+        QEVAL_WORKDIR=str(workdir),
+        MLFLOW_TRACKING_URI=f"sqlite:///{blocker}/mlflow.db",
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not usable" in lines[0] and "MLFLOW_TRACKING_URI" in lines[0]
+    assert not (workdir / "artifacts" / "ref-lm" / "bf16" / "evaluate").exists()
+
+
+def test_precision_not_in_the_card_is_exit_2(workdir, cards):
+    path = cards(
+        "only-bf16",
+        "name: only-bf16\ndescription: x\nsource: {path: refmodel/ref-lm}\n"
+        "precisions: [bf16]\naccuracy: {tasks: [refkjv_ppl]}\nspeed: {slo: {ttft_ms: 1, tpot_ms: 1}}\n",
+    )
+    proc = qeval(
+        "evaluate",
+        "--model",
+        "only-bf16",
+        "--precision",
+        "fp8",
+        QEVAL_WORKDIR=str(workdir),
+        QEVAL_CARDS_DIR=str(path.parent),
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "qeval: error: model 'only-bf16' does not build 'fp8'; its card lists: bf16"
