@@ -1,26 +1,19 @@
-"""Accuracy of one build with lm-evaluation-harness, run in a fresh Python process.
+"""Accuracy of one build with lm-evaluation-harness (the only module that imports lm_eval).
 
-    python -m eval.accuracy CONFIG.json OUT_DIR      # what evaluate_accuracy() runs
-
-A fresh process per build keeps one build's weights and kernels from leaking into another's run. OUT_DIR
-receives lm_eval_results.json (lm-eval's own result document, samples removed), samples_<task>.jsonl
-(per-document records for paired statistics) and result.json (an AccuracyResult), or error.json.
+evaluate_accuracy() writes lm_eval_results.json (lm-eval's own result document, samples removed) and
+samples_<task>.jsonl (per-document records, for paired statistics) to its output folder. The
+pipeline runs it in a fresh process per build (pipelines/child.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class AccuracyConfig(BaseModel):
@@ -38,7 +31,6 @@ class AccuracyConfig(BaseModel):
     device: str = Field("cpu", description="torch device for the HF backend")
     dtype: str = Field("bfloat16", description="dtype the (dequantized) weights compute in")
     trust_remote_code: bool = False
-    offline: bool = Field(True, description="forbid hub access (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)")
 
 
 class AccuracyResult(BaseModel):
@@ -52,36 +44,8 @@ class AccuracyResult(BaseModel):
     peak_rss_mb: float = Field(description="peak resident memory of the evaluating process")
 
 
-def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path, log_file: Path | None = None) -> AccuracyResult:
-    """Evaluate `cfg.checkpoint` on `cfg.tasks` in a child process; raise RuntimeError on failure."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = out_dir / "accuracy_config.json"
-    cfg_path.write_text(cfg.model_dump_json(indent=2))
-    env = dict(os.environ)
-    if cfg.offline:
-        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    cmd = [sys.executable, "-m", "eval.accuracy", str(cfg_path), str(out_dir)]
-    log = open(log_file, "ab") if log_file else None  # noqa: SIM115 - closed below
-    try:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # progress bars pass through
-            sys.stderr.write(chunk.decode(errors="replace"))
-            sys.stderr.flush()
-            if log:
-                log.write(chunk)
-        code = proc.wait()
-    finally:
-        if log:
-            log.close()
-    if (out_dir / "error.json").is_file():
-        raise RuntimeError(json.loads((out_dir / "error.json").read_text())["error"])
-    if code != 0 or not (out_dir / "result.json").is_file():
-        raise RuntimeError(f"lm-eval exited with status {code}; see {log_file or 'stderr'}")
-    return AccuracyResult.model_validate_json((out_dir / "result.json").read_text())
-
-
-def _run(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
+def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
+    """Evaluate `cfg.checkpoint` on `cfg.tasks`; lm-eval's results and per-sample records go to `out_dir`."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -91,8 +55,9 @@ def _run(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     if unknown:
         import difflib
 
-        hints = {t: difflib.get_close_matches(t, manager.all_tasks, n=3) for t in unknown}
-        raise ValueError(f"unknown lm-eval task(s): {hints} (name: close matches)")
+        close = difflib.get_close_matches(unknown[0], manager.all_tasks, n=3)
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        raise ValueError(f"unknown lm-eval task '{unknown[0]}'{hint}; list them with `lm-eval ls tasks`")
     out = lm_eval.simple_evaluate(
         model="hf",
         model_args={
@@ -127,22 +92,3 @@ def _run(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         seconds=round(time.perf_counter() - t0, 2),
         peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     )
-
-
-def main(argv: list[str]) -> int:
-    cfg_path, out_dir = Path(argv[0]), Path(argv[1])
-    cfg = AccuracyConfig.model_validate_json(cfg_path.read_text())
-    try:
-        result = _run(cfg, out_dir)
-    except Exception as e:  # reported to the parent as one line; the traceback stays in the log
-        import traceback
-
-        traceback.print_exc()
-        (out_dir / "error.json").write_text(json.dumps({"error": f"{type(e).__name__}: {e}"}))
-        return 2
-    (out_dir / "result.json").write_text(result.model_dump_json(indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -9,6 +9,7 @@ import yaml
 
 import eval.accuracy as accuracy
 from pipelines.cards import ModelCard, resolve_weights
+from pipelines.child import run_child
 from pipelines.errors import QevalError
 from pipelines.paths import resolve_repo_path
 from pipelines.stages import StageOutput, StageRecord, file_digest, run_stage, stage_dir
@@ -56,7 +57,6 @@ def evaluate(
         batch_size=acc.batch_size,
         seed=acc.seed,
         trust_remote_code=card.source.trust_remote_code,
-        offline=card.source.path is not None,
     )
     inputs = {
         "checkpoint": checkpoint_id,
@@ -65,7 +65,10 @@ def evaluate(
     }
 
     def work(out: Path) -> StageOutput:
-        result = accuracy.evaluate_accuracy(cfg, out, log_file=out / "lm_eval.log")
+        offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"} if card.source.path else {}
+        result = run_child(
+            "eval.accuracy:evaluate_accuracy", cfg, out, accuracy.AccuracyResult, out / "lm_eval.log", offline
+        )
         metrics = lm_eval_metrics(result.results)
         return StageOutput(
             metrics=metrics,
@@ -108,4 +111,4 @@ def _task_files(include: Path) -> list[Path]:
 
 
 def _code() -> list[Path]:
-    return [Path(accuracy.__file__), Path(__file__)]
+    return [Path(accuracy.__file__), Path(__file__), Path(run_child.__code__.co_filename)]

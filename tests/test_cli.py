@@ -94,3 +94,15 @@ def test_precision_not_in_the_card_is_exit_2(workdir, cards):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "qeval: error: model 'only-bf16' does not build 'fp8'; its card lists: bf16"
+
+
+def test_unknown_task_fails_the_stage_with_a_suggestion(workdir, cards):
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: typo")
+    path = cards("typo", text.replace("tasks: [refkjv_ppl]", "tasks: [refkjv_pppl]"))
+    proc = qeval("evaluate", "--model", "typo", QEVAL_WORKDIR=str(workdir), QEVAL_CARDS_DIR=str(path.parent))
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("qeval: error: stage 'evaluate' failed for typo@bf16: ValueError: unknown lm-eval task")
+    assert "(did you mean 'refkjv_ppl'?)" in last
+    assert not (workdir / "artifacts/typo/bf16/evaluate/manifest.json").exists()
+    assert (workdir / "artifacts/typo/bf16/evaluate.failed/lm_eval.log").is_file()

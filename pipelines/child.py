@@ -1,0 +1,85 @@
+"""Run one library function in a fresh Python process, so that each build's work is isolated.
+
+    python -m pipelines.child eval.accuracy:evaluate_accuracy CONFIG.json OUT_DIR
+
+The function takes (config, out_dir) and returns a pydantic model. The child writes result.json, or
+error.json with one line, into OUT_DIR; its output streams to the parent's stderr and to a log file.
+A fresh process per build keeps one build's weights, kernels and memory peak out of another's figures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import TypeVar, get_type_hints
+
+from pydantic import BaseModel
+
+from pipelines.errors import QevalError
+from pipelines.paths import REPO_ROOT
+
+R = TypeVar("R", bound=BaseModel)
+
+
+class ChildFailed(QevalError):
+    """The child reported an error (its one-line message) or died."""
+
+
+def run_child(
+    target: str,
+    config: BaseModel,
+    out_dir: Path,
+    result_type: type[R],
+    log_file: Path,
+    env: dict[str, str] | None = None,
+) -> R:
+    """Run `target` ("module:function") on `config` in a child process and return its result."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = out_dir / f"{target.rsplit(':', 1)[-1]}_config.json"
+    cfg_path.write_text(config.model_dump_json(indent=2))
+    for stale in ("result.json", "error.json"):
+        (out_dir / stale).unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pipelines.child", target, str(cfg_path), str(out_dir)]
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # progress bars pass through
+            sys.stderr.write(chunk.decode(errors="replace"))
+            sys.stderr.flush()
+            log.write(chunk)
+        code = proc.wait()
+    if (out_dir / "error.json").is_file():
+        raise ChildFailed(json.loads((out_dir / "error.json").read_text())["error"])
+    if code != 0 or not (out_dir / "result.json").is_file():
+        raise ChildFailed(f"{target} exited with status {code} (killed or out of memory?); log: {log_file}")
+    result = result_type.model_validate_json((out_dir / "result.json").read_text())
+    (out_dir / "result.json").unlink()
+    return result
+
+
+def _main(argv: list[str]) -> int:
+    target, cfg_path, out_dir = argv[0], Path(argv[1]), Path(argv[2])
+    module, _, name = target.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    hints = get_type_hints(fn)
+    config_type = next(iter(hints.values()))
+    try:
+        result = fn(config_type.model_validate_json(cfg_path.read_text()), out_dir)
+    except Exception as e:  # reported to the parent as one line; the traceback goes to the log
+        traceback.print_exc()
+        (out_dir / "error.json").write_text(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+        return 2
+    (out_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
