@@ -30,9 +30,7 @@ class Source(_Strict):
     path: str | None = Field(None, description="local checkpoint folder, absolute or relative to the repo")
     hub_id: str | None = Field(None, description="hub repository id, e.g. meta-llama/Llama-3.1-8B-Instruct")
     revision: str = Field("main", description="hub revision (a commit hash pins it)")
-    trust_remote_code: bool = Field(
-        False, description="run code shipped with the model; only if its card asks"
-    )
+    trust_remote_code: bool = Field(False, description="run code shipped with the model; only if its card asks")
 
     @model_validator(mode="after")
     def _one_source(self) -> Source:
@@ -137,8 +135,7 @@ class ModelCard(_Strict):
             raise QevalError(str(e)) from None
         if precision not in self.precisions:
             raise QevalError(
-                f"model '{self.name}' does not build '{precision}'; "
-                f"its card lists: {', '.join(self.precisions)}"
+                f"model '{self.name}' does not build '{precision}'; its card lists: {', '.join(self.precisions)}"
             )
 
 
@@ -161,9 +158,7 @@ def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
     for part in loc:
         field = model.model_fields.get(part)
         ann = getattr(field, "annotation", None)
-        inner = [
-            a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)
-        ]
+        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
         if not inner:
             return []
         model = inner[0]
@@ -199,8 +194,7 @@ def load_card(name: str) -> ModelCard:
     if not path.is_file():
         known = card_names()
         raise QevalError(
-            f"unknown model '{name}'{suggest(name, known)}; known: {', '.join(known) or 'none'} "
-            f"(add a card as {path})"
+            f"unknown model '{name}'{suggest(name, known)}; known: {', '.join(known) or 'none'} (add a card as {path})"
         )
     return parse_card(path)
 

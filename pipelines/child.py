@@ -47,9 +47,7 @@ def run_child(
     cmd = [sys.executable, "-m", "pipelines.child", target, str(cfg_path), str(out_dir)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
         for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # progress bars pass through
             sys.stderr.write(chunk.decode(errors="replace"))

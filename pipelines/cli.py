@@ -67,9 +67,7 @@ def _records_table(records: list[StageRecord]) -> Table:
     for col in ("build", "stage", "status", "seconds", "metrics"):
         table.add_column(col)
     for r in records:
-        shown = ", ".join(
-            f"{k.split('/', 1)[-1]}={v:.4g}" for k, v in sorted(r.metrics.items()) if "stderr" not in k
-        )
+        shown = ", ".join(f"{k.split('/', 1)[-1]}={v:.4g}" for k, v in sorted(r.metrics.items()) if "stderr" not in k)
         table.add_row(f"{r.model}@{r.precision}", r.stage, r.status, f"{r.seconds:.1f}", shown)
     return table
 
@@ -96,13 +94,35 @@ def models(as_json: JsonOpt = False) -> None:
             continue
         src = card.source.path or f"{card.source.hub_id}@{card.source.revision}"
         table.add_row(name, src, " ".join(card.precisions), " ".join(card.accuracy.tasks))
-        listed.append(
-            {"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks}
-        )
+        listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})
     out.print(table)
     _emit_json({"models": listed, "invalid": problems}, as_json)
     if problems:
         raise QevalError("; ".join(problems))
+
+
+@app.command()
+@_guarded
+def quantize(
+    model: ModelOpt,
+    precision: Annotated[
+        list[str] | None, typer.Option(help="precision to build; repeat for several (default: all)")
+    ] = None,
+    samples: Annotated[int | None, typer.Option(min=1, help="calibration samples, overriding the card")] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build quantized checkpoints with llm-compressor and prove each one is real."""
+    from pipelines.quantize import quantize as run_quantize
+
+    card = cards_mod.load_card(model)
+    precisions = precision or card.precisions
+    for p in precisions:
+        card.require_precision(p)
+    tracker = _tracker(model)
+    records = [run_quantize(card, p, tracker, force=force, num_samples=samples) for p in precisions]
+    out.print(_records_table(records))
+    _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
 
 
 @app.command()
@@ -140,9 +160,7 @@ def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = 
 @app.command()
 @_guarded
 def ui(
-    host: Annotated[
-        str, typer.Option(help="address to bind; keep 127.0.0.1 unless you mean to share")
-    ] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="address to bind; keep 127.0.0.1 unless you mean to share")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 5000,
 ) -> None:
     """Browse the runs in the MLflow UI (Ctrl-C stops it)."""

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import yaml
 
 import eval.accuracy as accuracy
+from eval.compare import recoveries
 from pipelines.cards import ModelCard, resolve_weights
 from pipelines.child import run_child
 from pipelines.errors import QevalError
 from pipelines.paths import resolve_repo_path
-from pipelines.stages import StageOutput, StageRecord, file_digest, run_stage, stage_dir
+from pipelines.stages import StageOutput, StageRecord, file_digest, read_manifest, run_stage, stage_dir
 from pipelines.tracking import Tracker, lm_eval_metrics
 
 STAGE = "evaluate"
+log = logging.getLogger(__name__)
 
 
 def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
@@ -63,6 +66,8 @@ def evaluate(
         "config": cfg.model_dump(exclude={"checkpoint", "include_path"}),
         "task_files": file_digest(_task_files(include)) if include else None,
     }
+    baseline = _baseline_result(card, precision, inputs)
+    inputs["baseline"] = baseline["inputs_digest"] if baseline else None
 
     def work(out: Path) -> StageOutput:
         offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"} if card.source.path else {}
@@ -70,8 +75,16 @@ def evaluate(
             "eval.accuracy:evaluate_accuracy", cfg, out, accuracy.AccuracyResult, out / "lm_eval.log", offline
         )
         metrics = lm_eval_metrics(result.results)
+        if baseline:
+            base = baseline["summary"]
+            metrics |= lm_eval_metrics(
+                recoveries(result.results, base["results"], base["higher_is_better"]), "recovery"
+            )
+        for task, chance in result.chance.items():
+            log.info("%s@%s %s: %s (chance %s)", card.name, precision, task, _headline(result.results[task]), chance)
         return StageOutput(
             metrics=metrics,
+            datasets=result.datasets,
             params={
                 "eval.tasks": ",".join(cfg.tasks),
                 "eval.num_fewshot": str(cfg.num_fewshot),
@@ -81,6 +94,10 @@ def evaluate(
                 "eval.task_data_sha256": inputs["task_files"] or "hub",
             },
             summary={
+                "results": result.results,
+                "higher_is_better": result.higher_is_better,
+                "chance": result.chance,
+                "backend": result.backend,
                 "n_samples": result.n_samples,
                 "seconds": result.seconds,
                 "peak_rss_mb": result.peak_rss_mb,
@@ -89,6 +106,36 @@ def evaluate(
         )
 
     return run_stage(tracker, precision, STAGE, inputs, _code(), work, force=force)
+
+
+def _baseline_result(card: ModelCard, precision: str, inputs: dict) -> dict | None:
+    """The baseline's finished evaluate manifest, for recovery; None for the baseline itself.
+
+    The baseline must have been evaluated with the same settings (tasks, limit, few-shot, ...):
+    recovery of one subset of documents against another would be meaningless.
+    """
+    if precision == card.gate.baseline:
+        return None
+    done = read_manifest(stage_dir(card.name, card.gate.baseline, STAGE))
+    fix = f"qeval evaluate --model {card.name} --precision {card.gate.baseline}"
+    if not done or done.get("status") != "done":
+        raise QevalError(f"{card.name}@{precision}: evaluate the baseline first, for recovery: {fix}")
+    same = {k: done["inputs"].get(k) for k in ("config", "task_files")} == {
+        k: inputs[k] for k in ("config", "task_files")
+    }
+    if not same:
+        limit = inputs["config"]["limit"]
+        raise QevalError(
+            f"{card.name}@{precision}: the baseline was evaluated with other settings (tasks, limit or task "
+            f"data); evaluate both the same way: {fix}{f' --limit {limit}' if limit else ''}"
+        )
+    return done
+
+
+def _headline(values: dict) -> str:
+    return ", ".join(
+        f"{k.split(',')[0]}={v:.4g}" for k, v in values.items() if isinstance(v, float) and "stderr" not in k
+    )
 
 
 class _TaskYamlLoader(yaml.SafeLoader):

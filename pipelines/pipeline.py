@@ -1,26 +1,32 @@
 """`qeval run`: every stage that exists, for every build of a card, in order.
 
-Today that is the baseline build's accuracy; the quantize, bench, size, gate and report stages join
-as they are built. Each stage is cached, so a rerun costs seconds.
+quantize (every precision; the baseline only records its size), then evaluate (every build). The
+bench, size, gate and report stages join as they are built. Each stage is cached, so a rerun costs
+seconds; the first stage that fails stops the run with its error, and everything done before it stays.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from pipelines.cards import ModelCard
 from pipelines.evaluate import evaluate
+from pipelines.quantize import quantize
 from pipelines.stages import StageRecord
 from pipelines.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
+STAGES: dict[str, Callable[..., StageRecord]] = {"quantize": quantize, "evaluate": evaluate}
+
 
 def run_pipeline(card: ModelCard, tracker: Tracker, *, force: bool = False) -> list[StageRecord]:
     """Run the pipeline for one card; raise QevalError at the first stage that fails."""
+    builds = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
+    steps = [(stage, precision) for stage in STAGES for precision in builds]
     records = []
-    stages = [("evaluate", card.gate.baseline)]
-    for i, (stage, precision) in enumerate(stages, 1):
-        log.info("[%d/%d] %s %s@%s", i, len(stages), stage, card.name, precision)
-        records.append(evaluate(card, precision, tracker, force=force))
+    for i, (stage, precision) in enumerate(steps, 1):
+        log.info("[%d/%d] %s %s@%s", i, len(steps), stage, card.name, precision)
+        records.append(STAGES[stage](card, precision, tracker, force=force))
     return records

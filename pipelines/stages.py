@@ -41,6 +41,10 @@ class StageOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    unlogged: list[str] = field(default_factory=list)
+    """Top-level names in the stage folder kept out of MLflow (e.g. a multi-GB checkpoint)."""
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Data sets the stage read, by name: source and sha256, logged as MLflow run inputs."""
 
 
 @dataclass(frozen=True)
@@ -154,9 +158,7 @@ def _log_to_run(tracker: Tracker, precision: str, stage: str, manifest: dict, fi
     """Log a stage to the build's current run; on changed params, start a new run and re-log the rest."""
     run_id = tracker.build_run(precision)
     try:
-        tracker.log_stage(
-            run_id, stage, manifest["inputs_digest"], manifest["metrics"], manifest["params"], files
-        )
+        _log_manifest(tracker, run_id, manifest, files)
         return run_id
     except ParamsChanged:
         log.info("%s@%s: %s settings changed; starting a new MLflow run", tracker.model, precision, stage)
@@ -164,13 +166,22 @@ def _log_to_run(tracker: Tracker, precision: str, stage: str, manifest: dict, fi
     for other in sorted((artifacts_dir() / tracker.model / precision).iterdir()):
         done = read_manifest(other)
         if done and done.get("status") == "done" and done["stage"] != stage:
-            tracker.log_stage(
-                run_id, done["stage"], done["inputs_digest"], done["metrics"], done["params"], other
-            )
-    tracker.log_stage(
-        run_id, stage, manifest["inputs_digest"], manifest["metrics"], manifest["params"], files
-    )
+            _log_manifest(tracker, run_id, done, other)
+    _log_manifest(tracker, run_id, manifest, files)
     return run_id
+
+
+def _log_manifest(tracker: Tracker, run_id: str, manifest: dict, folder: Path) -> None:
+    files = [p for p in sorted(folder.iterdir()) if p.name not in manifest.get("unlogged", [])]
+    tracker.log_stage(
+        run_id,
+        manifest["stage"],
+        manifest["inputs_digest"],
+        manifest["metrics"],
+        manifest["params"],
+        files,
+        manifest.get("datasets", {}),
+    )
 
 
 def run_stage(
@@ -211,9 +222,7 @@ def run_stage(
             shutil.rmtree(failed, ignore_errors=True)
             partial.rename(failed)
             tracker.mark_failed(tracker.build_run(precision), stage, error)
-            raise QevalError(
-                f"stage '{stage}' failed for {model}@{precision}: {error} (log: {failed})"
-            ) from e
+            raise QevalError(f"stage '{stage}' failed for {model}@{precision}: {error} (log: {failed})") from e
         manifest = {
             "model": model,
             "precision": precision,
@@ -226,6 +235,8 @@ def run_stage(
             "metrics": out.metrics,
             "params": out.params,
             "summary": out.summary,
+            "unlogged": out.unlogged,
+            "datasets": out.datasets,
             "versions": library_versions(),
         }
         write_json_atomic(partial / MANIFEST, manifest)

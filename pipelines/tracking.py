@@ -9,13 +9,14 @@ mlruns/artifacts/.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import math
 import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -58,7 +59,7 @@ def redact(uri: str) -> str:
     return uri
 
 
-def metric_key(task: str, lm_eval_key: str) -> str | None:
+def metric_key(task: str, lm_eval_key: str, prefix: str = "eval") -> str | None:
     """lm-eval's `acc,none` -> `eval/<task>/acc`; `em,strict-match` -> `eval/<task>/em/strict-match`.
 
     None for keys that are not metrics (`alias`, `samples`). MLflow refuses commas in names.
@@ -67,15 +68,15 @@ def metric_key(task: str, lm_eval_key: str) -> str | None:
         return None
     metric, _, filt = lm_eval_key.partition(",")
     name = metric if filt in ("", "none") else f"{metric}/{filt}"
-    return f"eval/{task}/{re.sub(r'[^A-Za-z0-9_./ -]', '_', name)}"
+    return f"{prefix}/{task}/{re.sub(r'[^A-Za-z0-9_./ -]', '_', name)}"
 
 
-def lm_eval_metrics(results: Mapping[str, Mapping[str, object]]) -> dict[str, float]:
-    """Flatten lm-eval's `results` section to MLflow metrics; "N/A" stderrs are left out."""
+def lm_eval_metrics(results: Mapping[str, Mapping[str, object]], prefix: str = "eval") -> dict[str, float]:
+    """Flatten lm-eval's `results` section (or one keyed like it) to MLflow metrics; "N/A" stderrs are left out."""
     out: dict[str, float] = {}
     for task, values in results.items():
         for key, value in values.items():
-            name = metric_key(task, key)
+            name = metric_key(task, key, prefix)
             if name is None or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             if math.isfinite(value):
@@ -207,10 +208,11 @@ class Tracker:
         digest: str,
         metrics: Mapping[str, float],
         params: Mapping[str, str],
-        files_dir: Path | None = None,
+        files: Iterable[Path] = (),
+        datasets: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         """Log a finished stage; ParamsChanged when a param already holds another value."""
-        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
         from mlflow.exceptions import MlflowException
 
         now = int(time.time() * 1000)
@@ -225,15 +227,32 @@ class Tracker:
                 params=[Param(k, str(v)) for k, v in params.items() if k not in existing],
                 tags=[RunTag(stage_tag(stage), "done"), RunTag(f"{stage_tag(stage)}.digest", digest)],
             )
-            if files_dir is not None and any(files_dir.iterdir()):
-                self.client.log_artifacts(run_id, str(files_dir), artifact_path=stage)
+            if datasets:
+                self.client.log_inputs(
+                    run_id,
+                    datasets=[
+                        DatasetInput(
+                            Dataset(
+                                name,
+                                str(d.get("sha256") or "none")[:36],
+                                "local" if d.get("files") else "hub",
+                                json.dumps(d, sort_keys=True),
+                            ),
+                            tags=[InputTag("mlflow.data.context", stage)],
+                        )
+                        for name, d in datasets.items()
+                    ],
+                )
+            for path in files:
+                if path.is_dir():
+                    self.client.log_artifacts(run_id, str(path), artifact_path=f"{stage}/{path.name}")
+                else:
+                    self.client.log_artifact(run_id, str(path), artifact_path=stage)
             if f"{stage_tag(stage)}.error" in data.tags:
                 self.client.delete_tag(run_id, f"{stage_tag(stage)}.error")
             self.client.set_terminated(run_id, "FINISHED")
         except MlflowException as e:
-            raise QevalError(
-                f"could not log stage '{stage}' to MLflow: {e.message.splitlines()[0]}"
-            ) from None
+            raise QevalError(f"could not log stage '{stage}' to MLflow: {e.message.splitlines()[0]}") from None
 
     def mark_failed(self, run_id: str, stage: str, error: str) -> None:
         self.client.set_tag(run_id, stage_tag(stage), "failed")

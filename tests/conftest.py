@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.cards import load_card
+from pipelines.quantize import quantize
+from pipelines.tracking import Tracker
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -51,3 +55,41 @@ def env_with(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(extra)
     return env
+
+
+SMALL = {"num_samples: 59": "num_samples: 4", "max_seq_length: 512": "max_seq_length: 64"}
+
+
+def _small_env(mp: pytest.MonkeyPatch, root: Path) -> None:
+    mp.setenv("QEVAL_WORKDIR", str(root))
+    mp.setenv("QEVAL_CARDS_DIR", str(root / "cards"))
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+@pytest.fixture(scope="session")
+def small_root(tmp_path_factory) -> Path:
+    """A work folder with card `ref-small`: ref-lm with a tiny calibration set."""
+    root = tmp_path_factory.mktemp("small")
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: ref-small")
+    for a, b in SMALL.items():
+        text = text.replace(a, b)
+    (root / "cards").mkdir()
+    (root / "cards" / "ref-small.yaml").write_text(text)
+    return root
+
+
+@pytest.fixture
+def small_card(small_root, monkeypatch):
+    """The `ref-small` card, with QEVAL_WORKDIR and QEVAL_CARDS_DIR pointing at its folder."""
+    _small_env(monkeypatch, small_root)
+    return load_card("ref-small")
+
+
+@pytest.fixture(scope="session")
+def builds(small_root):
+    """Every precision of `ref-small` quantized for real, once per test session."""
+    with pytest.MonkeyPatch.context() as mp:
+        _small_env(mp, small_root)
+        card = load_card("ref-small")
+        tracker = Tracker(card.name)
+        return {p: quantize(card, p, tracker) for p in card.precisions}

@@ -98,7 +98,7 @@ def test_precision_not_in_the_card_is_exit_2(workdir, cards):
 
 def test_unknown_task_fails_the_stage_with_a_suggestion(workdir, cards):
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: typo")
-    path = cards("typo", text.replace("tasks: [refkjv_ppl]", "tasks: [refkjv_pppl]"))
+    path = cards("typo", text.replace("tasks: [refkjv_ppl,", "tasks: [refkjv_pppl,"))
     proc = qeval("evaluate", "--model", "typo", QEVAL_WORKDIR=str(workdir), QEVAL_CARDS_DIR=str(path.parent))
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]

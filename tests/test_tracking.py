@@ -73,7 +73,5 @@ def test_unwritable_store_is_one_clear_error(workdir, monkeypatch):
     blocker = workdir / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
-    with pytest.raises(
-        QevalError, match=r"MLflow store sqlite:///.*a-file/mlflow.db is not usable: .*writable"
-    ):
+    with pytest.raises(QevalError, match=r"MLflow store sqlite:///.*a-file/mlflow.db is not usable: .*writable"):
         Tracker("tiny")

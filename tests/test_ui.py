@@ -43,9 +43,7 @@ def test_ui_serves_the_store_on_loopback_and_stops(workdir):
                 assert time.monotonic() < deadline, "the MLflow UI did not come up within 120 s"
                 time.sleep(1)
         assert status == 200
-        listening = [
-            c for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"
-        ]
+        listening = [c for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"]
         assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}
         _, body = _get(
             f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/get-by-name?experiment_name=qeval/ref-lm"

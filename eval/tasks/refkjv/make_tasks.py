@@ -1,0 +1,71 @@
+"""Make the reference model's multiple-choice tasks from its held-out chapters (deterministic).
+
+    .venv/bin/python -m eval.tasks.refkjv.make_tasks
+
+Writes next_verse.jsonl and last_word.jsonl beside this file and prints their sha256 (also kept in
+digests.json, which the tests check). Both draw only on refmodel/data/heldout.jsonl, which the model
+never saw. Four choices each, so chance is 25%.
+- refkjv_next_verse: a verse, then which of four verses follows it (three are from other chapters).
+- refkjv_last_word: a verse without its last word, then which of four words ends it (the distractors
+  are last words of other held-out verses, so every choice is a plausible verse ending).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from refmodel import corpus
+
+HERE = Path(__file__).resolve().parent
+CHOICES = 4
+SEED = 20261130
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    path.write_text(body, encoding="utf-8")
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def next_verse_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[dict]:
+    items = []
+    for ci, chapter in enumerate(chapters):
+        verses = chapter.text.split("\n")
+        others = [v for cj, c in enumerate(chapters) if cj != ci for v in c.text.split("\n")]
+        for i in range(len(verses) - 1):
+            choices = [verses[i + 1], *rng.sample(others, CHOICES - 1)]
+            rng.shuffle(choices)
+            items.append({"context": verses[i], "choices": choices, "label": choices.index(verses[i + 1])})
+    return items
+
+
+def last_word_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[dict]:
+    verses = [v for c in chapters for v in c.text.split("\n")]
+    split = [v.rstrip(".;:,?!").rsplit(" ", 1) for v in verses]
+    endings = sorted({w for _, w in split})
+    items = []
+    for head, word in split:
+        if len(head.split()) < 4:
+            continue
+        distractors = rng.sample([w for w in endings if w.lower() != word.lower()], CHOICES - 1)
+        choices = [word, *distractors]
+        rng.shuffle(choices)
+        items.append({"context": head, "choices": choices, "label": choices.index(word)})
+    return items
+
+
+def main() -> None:
+    chapters = corpus.read_jsonl(corpus.HELDOUT_FILE)
+    digests = {
+        "next_verse.jsonl": _write(HERE / "next_verse.jsonl", next_verse_items(chapters, random.Random(SEED))),
+        "last_word.jsonl": _write(HERE / "last_word.jsonl", last_word_items(chapters, random.Random(SEED + 1))),
+    }
+    (HERE / "digests.json").write_text(json.dumps(digests, indent=2) + "\n")
+    print(json.dumps(digests, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The quantize stage: build a precision's checkpoint, then prove it is real, in fresh processes.
+
+For the baseline precision nothing is built: the stage records the base checkpoint's size, so that
+every build has `size/checkpoint_gb` to compare with.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import quant.build as build
+import quant.verify as verify
+from pipelines.cards import ModelCard, resolve_weights
+from pipelines.child import run_child
+from pipelines.paths import resolve_repo_path
+from pipelines.stages import StageOutput, StageRecord, file_digest, run_stage
+from pipelines.tracking import Tracker
+from quant.precisions import PRECISIONS
+
+STAGE = "quantize"
+
+
+def _weights_digest(card: ModelCard, folder: str) -> str:
+    if card.source.path is None:
+        return f"{card.source.hub_id}@{card.source.revision}"
+    return file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
+
+
+def _calibration(card: ModelCard, num_samples: int | None) -> tuple[dict | None, str | None]:
+    """The calibration spec for the child (local files made absolute) and what identifies its data."""
+    c = card.calibration
+    if c is None:
+        return None, None
+    spec = c.model_dump()
+    if num_samples is not None:
+        spec["num_samples"] = num_samples
+    if c.dataset.endswith(".jsonl"):
+        path = resolve_repo_path(c.dataset)
+        spec["dataset"] = str(path)
+        return spec, file_digest([path]) if path.is_file() else "missing"
+    return spec, f"{c.dataset}:{c.split}"
+
+
+def quantize(
+    card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, num_samples: int | None = None
+) -> StageRecord:
+    """Build `precision` of the card's model, check it, and log it to the build's MLflow run."""
+    card.require_precision(precision)
+    base = resolve_weights(card)
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"} if card.source.path else {}
+    spec, calib_id = _calibration(card, num_samples) if PRECISIONS[precision].needs_calibration else (None, None)
+    cfg = build.QuantizeConfig(
+        base=base,
+        precision=precision,
+        group_size=card.quantization.group_size,
+        ignore=card.quantization.ignore,
+        calibration=spec,
+        trust_remote_code=card.source.trust_remote_code,
+    )
+    inputs = {
+        "base": _weights_digest(card, base),
+        "config": cfg.model_dump(exclude={"base", "calibration"}),
+        "calibration": {**(spec or {}), "dataset": calib_id} if spec else None,
+    }
+
+    def baseline(out: Path) -> StageOutput:
+        size = sum(p.stat().st_size for p in Path(base).glob("*.safetensors"))
+        return StageOutput(
+            metrics={"size/checkpoint_gb": size / 1e9},
+            params={"quant.scheme": "none", "quant.base": card.source.path or f"{card.source.hub_id}"},
+            summary={"checkpoint_bytes": size, "checkpoint": base},
+        )
+
+    def work(out: Path) -> StageOutput:
+        made = run_child(
+            "quant.build:quantize_checkpoint", cfg, out, build.QuantizeResult, out / "quantize.log", offline
+        )
+        check = verify.VerifyConfig(
+            base=base, checkpoint=str(out / "checkpoint"), precision=precision, trust_remote_code=cfg.trust_remote_code
+        )
+        shutil.copy(out / "checkpoint" / "recipe.yaml", out / "recipe.yaml")  # logged; the weights are not
+        proof = run_child(
+            "quant.verify:verify_checkpoint", check, out, verify.VerifyResult, out / "verify.log", offline
+        )
+        metrics = {
+            "size/checkpoint_gb": made.checkpoint_bytes / 1e9,
+            "quant/kl_vs_baseline": proof.kl_vs_baseline,
+            "quant/top1_agreement": proof.top1_agreement,
+            "quant/seconds": made.seconds,
+            "quant/peak_rss_gb": made.peak_rss_mb / 1024,
+        }
+        params = {
+            "quant.scheme": PRECISIONS[precision].description,
+            "quant.format": proof.format,
+            "quant.weight_bits": str(proof.weight_bits),
+            "quant.group_size": str(cfg.group_size) if PRECISIONS[precision].group_size else "per-channel",
+            "quant.ignore": ",".join(cfg.ignore),
+        }
+        if spec:
+            params |= {
+                "quant.calibration": card.calibration.dataset,
+                "quant.calibration_samples": str(made.calibration_samples),
+                "quant.calibration_tokens": str(made.calibration_tokens),
+                "quant.calibration_sha256": str(made.calibration_sha256),
+            }
+        return StageOutput(
+            metrics=metrics,
+            params=params,
+            summary={**made.model_dump(), **proof.model_dump()},
+            unlogged=["checkpoint"],
+        )
+
+    body = baseline if precision == card.gate.baseline else work
+    code = [*sorted(Path(build.__file__).parent.glob("*.py")), Path(__file__), Path(run_child.__code__.co_filename)]
+    return run_stage(tracker, precision, STAGE, inputs, code, body, force=force)

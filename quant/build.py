@@ -1,0 +1,123 @@
+"""Build one quantized checkpoint with llm-compressor's `oneshot` and save it compressed.
+
+The pipeline runs quantize_checkpoint() in a fresh process (pipelines/child.py); the saved folder is
+a compressed-tensors checkpoint with its recipe.yaml, loadable by transformers and servable by vLLM.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quant import calibration
+from quant.precisions import get_precision
+from quant.recipes import RecipeOptions, build_recipe
+
+
+class QuantizeConfig(BaseModel):
+    """One build: which base, which precision, with which calibration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base: str = Field(description="local folder of the base checkpoint")
+    precision: str
+    group_size: int = Field(128, gt=0)
+    ignore: list[str] = Field(["lm_head"], description="modules left unquantized")
+    calibration: dict | None = Field(
+        None, description="CalibrationSpec fields (a local dataset as an absolute path); None if not needed"
+    )
+    trust_remote_code: bool = False
+    seed: int = 0
+
+
+class QuantizeResult(BaseModel):
+    precision: str
+    seconds: float = Field(description="wall time of oneshot and saving")
+    peak_rss_mb: float = Field(description="peak resident memory of the quantizing process")
+    checkpoint_bytes: int
+    calibration_samples: int = 0
+    calibration_tokens: int = 0
+    calibration_dropped: int = 0
+    calibration_sha256: str | None = None
+    awq_cpu_workaround: bool = False
+
+
+def misaligned_layers(model, group_size: int, ignore: list[str]) -> list[str]:
+    """Linear layers (not ignored) whose input width is not a multiple of `group_size`."""
+    import torch
+
+    return [
+        f"{name} ({module.in_features})"
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+        and not any(name == i or name.endswith(f".{i}") for i in ignore)
+        and module.in_features % group_size
+    ]
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
+    """Quantize `cfg.base` to `cfg.precision`; the checkpoint goes to `out_dir/checkpoint`."""
+    import torch
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quant.cpu_awq import skip_pinning_without_accelerator
+
+    precision = get_precision(cfg.precision)
+    torch.manual_seed(cfg.seed)
+    patched = cfg.precision == "awq" and skip_pinning_without_accelerator()
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.base, dtype=torch.bfloat16, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
+    )
+    tokenizer = AutoTokenizer.from_pretrained(cfg.base, trust_remote_code=cfg.trust_remote_code)
+    if precision.group_size and (bad := misaligned_layers(model, cfg.group_size, cfg.ignore)):
+        raise ValueError(
+            f"{len(bad)} layer(s) have an input width not divisible by quantization.group_size={cfg.group_size}: "
+            f"{', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}; set quantization.group_size to a divisor of "
+            f"these widths or add the layers to quantization.ignore in the card"
+        )
+    calib = None
+    dataset = None
+    if precision.needs_calibration:
+        if cfg.calibration is None:
+            raise ValueError(f"{cfg.precision} needs calibration data: add a 'calibration' section to the card")
+        spec = calibration.CalibrationSpec(**cfg.calibration)
+        texts = calibration.read_texts(spec)
+        calib = calibration.prepare(spec, texts, lambda t: tokenizer.encode(t, add_special_tokens=False))
+        from datasets import Dataset
+
+        dataset = Dataset.from_dict(
+            {"input_ids": calib.input_ids, "attention_mask": [[1] * len(ids) for ids in calib.input_ids]}
+        )
+
+    t0 = time.perf_counter()
+    recipe = build_recipe(cfg.precision, RecipeOptions(group_size=cfg.group_size, ignore=cfg.ignore))
+    oneshot(
+        model=model,
+        recipe=recipe,
+        dataset=dataset,
+        num_calibration_samples=len(calib.input_ids) if calib else 0,
+        max_seq_length=cfg.calibration["max_seq_length"] if calib else None,
+        shuffle_calibration_samples=False,
+    )
+    checkpoint = out_dir / "checkpoint"
+    model.save_pretrained(checkpoint, save_compressed=True)
+    tokenizer.save_pretrained(checkpoint)
+    return QuantizeResult(
+        precision=cfg.precision,
+        seconds=round(time.perf_counter() - t0, 2),
+        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        checkpoint_bytes=folder_bytes(checkpoint),
+        calibration_samples=len(calib.input_ids) if calib else 0,
+        calibration_tokens=calib.tokens if calib else 0,
+        calibration_dropped=calib.dropped if calib else 0,
+        calibration_sha256=calib.sha256 if calib else None,
+        awq_cpu_workaround=patched,
+    )

@@ -1,0 +1,112 @@
+"""Prove that a saved build is what it claims to be, before hours are spent measuring it.
+
+Reload the saved checkpoint, check that its quantization_config declares the precision's format and
+bit width, and compare its next-token distributions with the baseline's on fixed prompts: the mean
+KL divergence KL(baseline || build) per token and the top-1 agreement. Logits equal to the
+baseline's mean the quantization never happened (an "8-bit equals 4-bit" result); an agreement
+below `min_agreement` means the build is broken.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quant.precisions import get_precision
+
+# Fixed probe text: plain English of several registers, so that every model sees the same inputs.
+PROMPTS = [
+    "In the beginning God created the heaven and the earth. And the earth was without form, and void;",
+    "And it came to pass, when the king heard the words of the book of the law, that he rent his clothes.",
+    "The committee met on Tuesday to review the budget, and after a long debate it approved the plan.",
+    "To make bread, mix the flour with water, salt and yeast, knead the dough and let it rise for an hour.",
+    "Blessed are the meek: for they shall inherit the earth. Blessed are they which do hunger and thirst",
+    "The river flowed slowly past the old mill, where children used to play on summer evenings.",
+    "He that keepeth the commandment keepeth his own soul; but he that despiseth his ways shall die.",
+    "Write a function that returns the largest number in a list, and explain how it handles ties.",
+]
+
+
+class VerifyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base: str = Field(description="baseline checkpoint folder")
+    checkpoint: str = Field(description="saved build to check")
+    precision: str
+    max_tokens: int = Field(128, gt=1, description="prompt tokens compared, at most")
+    min_agreement: float = Field(0.5, ge=0, le=1, description="top-1 agreement below this fails the build")
+    trust_remote_code: bool = False
+
+
+class VerifyResult(BaseModel):
+    format: str
+    weight_bits: int
+    kl_vs_baseline: float = Field(description="mean KL(baseline || build) per token, nats")
+    top1_agreement: float = Field(description="share of positions whose argmax token agrees")
+    max_abs_logit_diff: float
+    positions: int
+
+
+def check_quantization_config(config: dict, precision: str) -> tuple[str, int]:
+    """The declared (format, weight bits); ValueError when they do not match the precision."""
+    want = get_precision(precision)
+    qc = config.get("quantization_config")
+    if qc is None or qc.get("quant_method") != "compressed-tensors":
+        raise ValueError(f"the saved {precision} checkpoint declares no compressed-tensors quantization_config")
+    bits = {g["weights"]["num_bits"] for g in qc.get("config_groups", {}).values() if g.get("weights")}
+    fmt = qc.get("format")
+    if fmt != want.checkpoint_format or bits != {want.weight_bits}:
+        raise ValueError(
+            f"the saved {precision} checkpoint declares format {fmt} with {sorted(bits)}-bit weights; "
+            f"expected {want.checkpoint_format} with {want.weight_bits}-bit weights"
+        )
+    return fmt, want.weight_bits
+
+
+def compare_logits(base_logits, build_logits) -> tuple[float, float, float, int]:
+    """(mean KL(base || build), top-1 agreement, max |difference|, positions) over [positions, vocab]."""
+    import torch
+
+    p = torch.log_softmax(base_logits.float(), dim=-1)
+    q = torch.log_softmax(build_logits.float(), dim=-1)
+    kl = torch.sum(p.exp() * (p - q), dim=-1).mean().item()
+    agree = (p.argmax(-1) == q.argmax(-1)).float().mean().item()
+    diff = (base_logits.float() - build_logits.float()).abs().max().item()
+    return kl, agree, diff, p.shape[0]
+
+
+def verify_checkpoint(cfg: VerifyConfig, out_dir: Path) -> VerifyResult:
+    """Check the saved build against its precision and the baseline; ValueError when it is not real."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = json.loads((Path(cfg.checkpoint) / "config.json").read_text())
+    fmt, bits = check_quantization_config(config, cfg.precision)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.base)
+    load = {"trust_remote_code": cfg.trust_remote_code, "use_safetensors": True}
+    base = AutoModelForCausalLM.from_pretrained(cfg.base, dtype=torch.bfloat16, **load).eval()
+    build = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, dtype=torch.bfloat16, **load).eval()
+    base_rows, build_rows = [], []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids[:, : cfg.max_tokens]
+            base_rows.append(base(input_ids=ids).logits[0])
+            build_rows.append(build(input_ids=ids).logits[0])
+    kl, agree, diff, n = compare_logits(torch.cat(base_rows), torch.cat(build_rows))
+    if diff == 0.0:
+        raise ValueError(f"the {cfg.precision} build's logits equal the baseline's: it was not quantized")
+    if agree < cfg.min_agreement:
+        raise ValueError(
+            f"the {cfg.precision} build's top-1 agreement with the baseline collapsed to {agree:.3f} "
+            f"(< {cfg.min_agreement}); KL {kl:.3f} nats/token"
+        )
+    return VerifyResult(
+        format=fmt,
+        weight_bits=bits,
+        kl_vs_baseline=kl,
+        top1_agreement=agree,
+        max_abs_logit_diff=diff,
+        positions=n,
+    )

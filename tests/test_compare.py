@@ -1,0 +1,20 @@
+import math
+
+import pytest
+
+from eval.compare import recoveries, recovery
+
+
+def test_recovery_is_one_when_as_good_either_way():
+    assert recovery(0.5, 0.5, True) == 1.0
+    assert recovery(0.45, 0.5, True) == pytest.approx(0.9)
+    # perplexity 11 against a baseline of 10 is a loss: 10 / 11
+    assert recovery(11.0, 10.0, False) == pytest.approx(10 / 11)
+    assert recovery(0.0, 0.0, True) == 1.0 and recovery(1.0, 0.0, True) == math.inf
+
+
+def test_recoveries_pair_tasks_and_skip_stderr_and_text():
+    build = {"t": {"acc,none": 0.4, "acc_stderr,none": 0.01, "bpb,none": 2.2, "alias": "t"}, "u": {"acc,none": 1}}
+    base = {"t": {"acc,none": 0.5, "acc_stderr,none": 0.01, "bpb,none": 2.0, "alias": "t"}}
+    hib = {"t": {"acc": True, "bpb": False}}
+    assert recoveries(build, base, hib) == {"t": {"acc,none": pytest.approx(0.8), "bpb,none": pytest.approx(2.0 / 2.2)}}
