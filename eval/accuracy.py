@@ -32,7 +32,7 @@ class AccuracyConfig(BaseModel):
     limit: int | None = Field(None, gt=0, description="documents per task (None: all)")
     batch_size: int = Field(8, gt=0)
     seed: int = Field(1234, description="seed for python, numpy, torch and few-shot sampling")
-    device: str = Field("cpu", description="torch device for the HF backend")
+    device: str = Field("auto", description="torch device; auto: cuda where available, else cpu")
     dtype: str = Field("bfloat16", description="dtype the (dequantized) weights compute in")
     trust_remote_code: bool = False
     backend: Literal["auto", "hf", "vllm"] = Field("auto", description="vllm where installed and on a GPU")
@@ -61,14 +61,19 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     t0 = time.perf_counter()
     manager = TaskManager(include_path=cfg.include_path)
     tasks = _load_tasks(cfg.tasks, manager)
-    backend = _backend(cfg)
+    device = cfg.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend = _backend(cfg.backend, device)
     model_args: dict[str, Any] = {
         "pretrained": cfg.checkpoint,
         "dtype": cfg.dtype,
         "trust_remote_code": cfg.trust_remote_code,
     }
     if backend == "hf":
-        model_args["device"] = cfg.device
+        model_args["device"] = device
     out = lm_eval.simple_evaluate(
         model=backend,
         model_args=model_args,
@@ -105,11 +110,11 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     )
 
 
-def _backend(cfg: AccuracyConfig) -> str:
-    """lm-eval's vLLM backend where vLLM is installed and a GPU is asked for, else Hugging Face."""
-    if cfg.backend != "auto":
-        return cfg.backend
-    return "vllm" if cfg.device.startswith("cuda") and importlib.util.find_spec("vllm") else "hf"
+def _backend(backend: str, device: str) -> str:
+    """lm-eval's vLLM backend where vLLM is installed and the device is a GPU, else Hugging Face."""
+    if backend != "auto":
+        return backend
+    return "vllm" if device.startswith("cuda") and importlib.util.find_spec("vllm") else "hf"
 
 
 def _load_tasks(names: list[str], manager) -> list:

@@ -220,5 +220,14 @@ def resolve_weights(card: ModelCard) -> str:
         ) from None
 
 
+def weights_identity(card: ModelCard, folder: str) -> str:
+    """What identifies the base weights in cache keys: file digests locally, hub id and revision otherwise."""
+    if card.source.path is None:
+        return f"{card.source.hub_id}@{card.source.revision}"
+    from pipelines.stages import file_digest
+
+    return file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
+
+
 # safetensors only: a *.bin pickle can run code when loaded.
 _WEIGHT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]

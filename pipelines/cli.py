@@ -67,7 +67,11 @@ def _records_table(records: list[StageRecord]) -> Table:
     for col in ("build", "stage", "status", "seconds", "metrics"):
         table.add_column(col)
     for r in records:
-        shown = ", ".join(f"{k.split('/', 1)[-1]}={v:.4g}" for k, v in sorted(r.metrics.items()) if "stderr" not in k)
+        shown = ", ".join(
+            f"{k.split('/', 1)[-1]}={v:.4g}"
+            for k, v in sorted(r.metrics.items())
+            if not any(skip in k for skip in ("stderr", "recovery/", "seconds", "peak"))
+        )
         table.add_row(f"{r.model}@{r.precision}", r.stage, r.status, f"{r.seconds:.1f}", shown)
     return table
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import yaml
 
 import eval.accuracy as accuracy
 from eval.compare import recoveries
-from pipelines.cards import ModelCard, resolve_weights
+from pipelines.cards import ModelCard, resolve_weights, weights_identity
 from pipelines.child import run_child
 from pipelines.errors import QevalError
 from pipelines.paths import resolve_repo_path
@@ -26,20 +25,16 @@ def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
     card.require_precision(precision)
     if precision == card.gate.baseline:
         folder = resolve_weights(card)
-        ident = (
-            file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
-            if card.source.path is not None
-            else f"{card.source.hub_id}@{card.source.revision}"
-        )
-        return folder, ident
+        return folder, weights_identity(card, folder)
     build = stage_dir(card.name, precision, "quantize")
     folder = build / "checkpoint"
-    if not (build / "manifest.json").is_file() or not folder.is_dir():
+    done = read_manifest(build)
+    if not done or done.get("status") != "done" or not folder.is_dir():
         raise QevalError(
             f"{card.name}@{precision} has no quantized checkpoint at {folder}; "
             f"build it first: qeval quantize --model {card.name} --precision {precision}"
         )
-    return str(folder), json.loads((build / "manifest.json").read_text())["inputs_digest"]
+    return str(folder), done["inputs_digest"]
 
 
 def evaluate(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import quant.build as build
 import quant.verify as verify
-from pipelines.cards import ModelCard, resolve_weights
+from pipelines.cards import ModelCard, resolve_weights, weights_identity
 from pipelines.child import run_child
 from pipelines.paths import resolve_repo_path
 from pipelines.stages import StageOutput, StageRecord, file_digest, run_stage
@@ -19,12 +19,6 @@ from pipelines.tracking import Tracker
 from quant.precisions import PRECISIONS
 
 STAGE = "quantize"
-
-
-def _weights_digest(card: ModelCard, folder: str) -> str:
-    if card.source.path is None:
-        return f"{card.source.hub_id}@{card.source.revision}"
-    return file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
 
 
 def _calibration(card: ModelCard, num_samples: int | None) -> tuple[dict | None, str | None]:
@@ -59,7 +53,7 @@ def quantize(
         trust_remote_code=card.source.trust_remote_code,
     )
     inputs = {
-        "base": _weights_digest(card, base),
+        "base": weights_identity(card, base),
         "config": cfg.model_dump(exclude={"base", "calibration"}),
         "calibration": {**(spec or {}), "dataset": calib_id} if spec else None,
     }
@@ -68,7 +62,10 @@ def quantize(
         size = sum(p.stat().st_size for p in Path(base).glob("*.safetensors"))
         return StageOutput(
             metrics={"size/checkpoint_gb": size / 1e9},
-            params={"quant.scheme": "none", "quant.base": card.source.path or f"{card.source.hub_id}"},
+            params={
+                "quant.scheme": "none",
+                "quant.base": card.source.path or f"{card.source.hub_id}@{card.source.revision}",
+            },
             summary={"checkpoint_bytes": size, "checkpoint": base},
         )
 

@@ -165,7 +165,7 @@ def _log_to_run(tracker: Tracker, precision: str, stage: str, manifest: dict, fi
     run_id = tracker.build_run(precision, new=True)
     for other in sorted((artifacts_dir() / tracker.model / precision).iterdir()):
         done = read_manifest(other)
-        if done and done.get("status") == "done" and done["stage"] != stage:
+        if done and done.get("status") == "done" and done["stage"] == other.name != stage:
             _log_manifest(tracker, run_id, done, other)
     _log_manifest(tracker, run_id, manifest, files)
     return run_id
@@ -207,8 +207,9 @@ def run_stage(
             log.info("%s@%s %s: unchanged, skipped", model, precision, stage)
             return _record(done, "skipped", run_id, final)
 
+        for stale in final.parent.glob(f"{stage}.partial-*"):  # left by an interrupted run; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
         partial = final.with_name(f"{stage}.partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         started = datetime.now(UTC)
         t0 = time.perf_counter()

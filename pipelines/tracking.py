@@ -193,10 +193,6 @@ class Tracker:
         live = [r for r in runs if TAG_SUPERSEDED not in r.data.tags]
         return live[0].info.run_id if live else None
 
-    def run_data(self, run_id: str):
-        """The run's data (metrics, params, tags) as MLflow returns it."""
-        return self.client.get_run(run_id).data
-
     def stage_is_logged(self, run_id: str, stage: str, digest: str) -> bool:
         tags = self.client.get_run(run_id).data.tags
         return tags.get(stage_tag(stage)) == "done" and tags.get(f"{stage_tag(stage)}.digest") == digest
@@ -232,7 +228,7 @@ class Tracker:
                     run_id,
                     datasets=[
                         DatasetInput(
-                            Dataset(
+                            Dataset(  # MLflow caps digests at 36 characters; the source JSON has all 64
                                 name,
                                 str(d.get("sha256") or "none")[:36],
                                 "local" if d.get("files") else "hub",

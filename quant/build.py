@@ -6,6 +6,7 @@ a compressed-tensors checkpoint with its recipe.yaml, loadable by transformers a
 
 from __future__ import annotations
 
+import errno
 import resource
 import time
 from pathlib import Path
@@ -108,8 +109,15 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         shuffle_calibration_samples=False,
     )
     checkpoint = out_dir / "checkpoint"
-    model.save_pretrained(checkpoint, save_compressed=True)
-    tokenizer.save_pretrained(checkpoint)
+    try:
+        model.save_pretrained(checkpoint, save_compressed=True)
+        tokenizer.save_pretrained(checkpoint)
+    except Exception as e:  # safetensors reports a full disk as its own error type, not OSError
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
+            raise OSError(
+                e.errno, f"disk full while saving the checkpoint to {checkpoint}: free space or set QEVAL_WORKDIR"
+            ) from None
+        raise
     return QuantizeResult(
         precision=cfg.precision,
         seconds=round(time.perf_counter() - t0, 2),

@@ -106,3 +106,13 @@ def test_unknown_task_fails_the_stage_with_a_suggestion(workdir, cards):
     assert "(did you mean 'refkjv_ppl'?)" in last
     assert not (workdir / "artifacts/typo/bf16/evaluate/manifest.json").exists()
     assert (workdir / "artifacts/typo/bf16/evaluate.failed/lm_eval.log").is_file()
+
+
+def test_hub_task_while_offline_says_how_to_supply_it(workdir, cards):
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: hubtask")
+    path = cards("hubtask", text.replace("tasks: [refkjv_ppl,", "tasks: [arc_easy, refkjv_ppl,"))
+    proc = qeval("evaluate", "--model", "hubtask", QEVAL_WORKDIR=str(workdir), QEVAL_CARDS_DIR=str(path.parent))
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "task 'arc_easy' needs its data set from the hub, which is off here" in last
+    assert "dataset_path: json" in last

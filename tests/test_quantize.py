@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from pipelines.errors import QevalError
 from pipelines.quantize import quantize
+from pipelines.stages import read_manifest
 from pipelines.tracking import Tracker, tracking_uri
 from quant.build import misaligned_layers
 from quant.calibration import MIN_TOKENS, CalibrationSpec, prepare
@@ -140,3 +142,35 @@ def test_group_size_that_does_not_divide_the_widths_is_refused(small_card):
 def test_too_small_calibration_set_is_refused(small_card):
     with pytest.raises(QevalError, match=r"has 59 usable samples .* num_samples asks for 500"):
         quantize(small_card, "gptq", Tracker(small_card.name), num_samples=500)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 3 MB tmpfs (root only); skipped where mounting is not allowed."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_disk_full_while_saving_is_one_clear_error_and_nothing_is_marked_done(small_card, tiny_disk, monkeypatch):
+    monkeypatch.setenv("QEVAL_WORKDIR", str(tiny_disk))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tiny_disk.parent / 'mlflow.db'}")
+    with pytest.raises(
+        QevalError, match=r"disk full while saving the checkpoint to .*: free space or set QEVAL_WORKDIR"
+    ):
+        quantize(small_card, "fp8", Tracker(small_card.name))
+    assert read_manifest(tiny_disk / "artifacts/ref-small/fp8/quantize") is None
+
+
+@pytest.mark.slow
+def test_missing_weights_offline_is_one_clear_error(small_card, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    card = small_card.model_copy(
+        update={"source": small_card.source.model_copy(update={"path": None, "hub_id": "qeval-test/absent"})}
+    )
+    with pytest.raises(QevalError, match=r"weights for qeval-test/absent@main are not available offline"):
+        quantize(card, "fp8", Tracker(card.name))
