@@ -115,7 +115,7 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
     except Exception as e:  # safetensors reports a full disk as its own error type, not OSError
         if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
             raise OSError(
-                e.errno, f"disk full while saving the checkpoint to {checkpoint}: free space or set QEVAL_WORKDIR"
+                errno.ENOSPC, f"disk full while saving the checkpoint to {checkpoint}: free space or set QEVAL_WORKDIR"
             ) from None
         raise
     return QuantizeResult(

@@ -140,7 +140,7 @@ def test_group_size_that_does_not_divide_the_widths_is_refused(small_card):
 
 @pytest.mark.slow
 def test_too_small_calibration_set_is_refused(small_card):
-    with pytest.raises(QevalError, match=r"has 59 usable samples .* num_samples asks for 500"):
+    with pytest.raises(QevalError, match=r"has 59 usable samples .*calibration.num_samples asks for 500"):
         quantize(small_card, "gptq", Tracker(small_card.name), num_samples=500)
 
 
