@@ -34,6 +34,11 @@ class AccuracyConfig(BaseModel):
     seed: int = Field(1234, description="seed for python, numpy, torch and few-shot sampling")
     device: str = Field("auto", description="torch device; auto: cuda where available, else cpu")
     dtype: str = Field("bfloat16", description="dtype the (dequantized) weights compute in")
+    softmax_dtype: str = Field(
+        "float32",
+        description="dtype of log-softmax and log-likelihood sums: in bf16 a chapter's sum is rounded to "
+        "steps of 16 nats, hiding the small differences between builds that matter here",
+    )
     trust_remote_code: bool = False
     backend: Literal["auto", "hf", "vllm"] = Field("auto", description="vllm where installed and on a GPU")
 
@@ -73,7 +78,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         "trust_remote_code": cfg.trust_remote_code,
     }
     if backend == "hf":
-        model_args["device"] = device
+        model_args |= {"device": device, "softmax_dtype": cfg.softmax_dtype}
     out = lm_eval.simple_evaluate(
         model=backend,
         model_args=model_args,

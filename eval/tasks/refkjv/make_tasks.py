@@ -5,7 +5,8 @@
 Writes next_verse.jsonl and last_word.jsonl beside this file and prints their sha256 (also kept in
 digests.json, which the tests check). Both draw only on refmodel/data/heldout.jsonl, which the model
 never saw. Four choices each, so chance is 25%.
-- refkjv_next_verse: a verse, then which of four verses follows it (three are from other chapters).
+- refkjv_next_verse: a verse, then which of four verses follows it (three are verses of the same
+  length from other chapters).
 - refkjv_last_word: a verse without its last word, then which of four words ends it (the distractors
   are last words of other held-out verses, so every choice is a plausible verse ending).
 """
@@ -31,14 +32,20 @@ def _write(path: Path, rows: list[dict]) -> str:
 
 
 def next_verse_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[dict]:
+    """Distractors are verses of other chapters of about the same length (within 15%), so that a
+    model cannot win by preferring short verses: only the context tells the answer."""
     items = []
     for ci, chapter in enumerate(chapters):
         verses = chapter.text.split("\n")
-        others = [v for cj, c in enumerate(chapters) if cj != ci for v in c.text.split("\n")]
+        others = sorted((len(v), v) for cj, c in enumerate(chapters) if cj != ci for v in c.text.split("\n"))
         for i in range(len(verses) - 1):
-            choices = [verses[i + 1], *rng.sample(others, CHOICES - 1)]
+            target = verses[i + 1]
+            alike = [v for n, v in others if abs(n - len(target)) <= 0.15 * len(target) and v != target]
+            if len(alike) < CHOICES - 1:
+                continue
+            choices = [target, *rng.sample(alike, CHOICES - 1)]
             rng.shuffle(choices)
-            items.append({"context": verses[i], "choices": choices, "label": choices.index(verses[i + 1])})
+            items.append({"context": verses[i], "choices": choices, "label": choices.index(target)})
     return items
 
 
