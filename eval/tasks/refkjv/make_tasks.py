@@ -5,8 +5,8 @@
 Writes next_verse.jsonl and last_word.jsonl beside this file and prints their sha256 (also kept in
 digests.json, which the tests check). Both draw only on refmodel/data/heldout.jsonl, which the model
 never saw. Four choices each, so chance is 25%.
-- refkjv_next_verse: a verse, then which of four verses follows it (three are verses of the same
-  length from other chapters).
+- refkjv_next_verse: up to three verses, then which of four verses follows them (three are verses
+  of about the same length from other chapters).
 - refkjv_last_word: a verse without its last word, then which of four words ends it (the distractors
   are last words of other held-out verses, so every choice is a plausible verse ending).
 """
@@ -22,6 +22,7 @@ from refmodel import corpus
 
 HERE = Path(__file__).resolve().parent
 CHOICES = 4
+CONTEXT_VERSES = 3
 SEED = 20261130
 
 
@@ -45,7 +46,8 @@ def next_verse_items(chapters: list[corpus.Chapter], rng: random.Random) -> list
                 continue
             choices = [target, *rng.sample(alike, CHOICES - 1)]
             rng.shuffle(choices)
-            items.append({"context": verses[i], "choices": choices, "label": choices.index(target)})
+            context = "\n".join(verses[max(0, i - CONTEXT_VERSES + 1) : i + 1])
+            items.append({"context": context, "choices": choices, "label": choices.index(target)})
     return items
 
 
