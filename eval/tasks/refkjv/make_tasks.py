@@ -41,7 +41,7 @@ def next_verse_items(chapters: list[corpus.Chapter], rng: random.Random) -> list
         others = sorted((len(v), v) for cj, c in enumerate(chapters) if cj != ci for v in c.text.split("\n"))
         for i in range(len(verses) - 1):
             target = verses[i + 1]
-            alike = [v for n, v in others if abs(n - len(target)) <= 0.15 * len(target) and v != target]
+            alike = sorted({v for n, v in others if abs(n - len(target)) <= 0.15 * len(target) and v != target})
             if len(alike) < CHOICES - 1:
                 continue
             choices = [target, *rng.sample(alike, CHOICES - 1)]
