@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -34,6 +35,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document a
 
 @app.callback()
 def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
+    # Nothing leaves the machine unless the user says so: MLflow and the hub client both phone home by
+    # default. Children (quantize, evaluate, the UI server) inherit this environment.
+    for var in ("MLFLOW_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY"):
+        os.environ.setdefault(var, "true" if var.startswith("MLFLOW") else "1")
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(message)s",
