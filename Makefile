@@ -13,7 +13,7 @@ MODELS    := $(patsubst pipelines/models/%.yaml,%,$(wildcard pipelines/models/*.
 # pulls a multi-GB CUDA build (see README, "Set-up").
 TORCH     := torch==2.13.0
 
-.PHONY: run test test-fast lint models all quantize evaluate ui quality venv clean-venv
+.PHONY: run test test-fast lint models all quantize evaluate bench ui quality venv clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -37,6 +37,9 @@ $(MODELS): %: $(STAMP)
 
 quantize: $(STAMP)
 	$(QEVAL) quantize --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
+
+bench: $(STAMP)
+	$(QEVAL) bench --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
 
 evaluate: $(STAMP)
 	@if [ -z "$(PRECISIONS)" ]; then $(QEVAL) evaluate --model $(MODEL); \

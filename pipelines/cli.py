@@ -156,6 +156,29 @@ def evaluate(
 
 @app.command()
 @_guarded
+def bench(
+    model: ModelOpt,
+    precision: Annotated[
+        list[str] | None, typer.Option(help="build to measure; repeat for several (default: all)")
+    ] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Generation speed and memory of builds over the card's grid (in-process engine)."""
+    from pipelines.bench import bench as run_bench
+
+    card = cards_mod.load_card(model)
+    precisions = precision or card.precisions
+    for p in precisions:
+        card.require_precision(p)
+    tracker = _tracker(model)
+    records = [run_bench(card, p, tracker, force=force) for p in precisions]
+    out.print(_records_table(records))
+    _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
+
+
+@app.command()
+@_guarded
 def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = False) -> None:
     """Every stage of the pipeline for one model card."""
     from pipelines.pipeline import run_pipeline

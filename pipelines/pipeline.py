@@ -1,7 +1,7 @@
 """`qeval run`: every stage that exists, for every build of a card, in order.
 
-quantize (every precision; the baseline only records its size), then evaluate (every build). The
-bench, size, gate and report stages join as they are built. Each stage is cached, so a rerun costs
+quantize (every precision; the baseline only records its size), then evaluate and bench (every
+build). The server bench, size, gate and report stages join as they are built. Each stage is cached, so a rerun costs
 seconds; the first stage that fails stops the run with its error, and everything done before it stays.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from pipelines.bench import bench
 from pipelines.cards import ModelCard
 from pipelines.evaluate import evaluate
 from pipelines.quantize import quantize
@@ -18,7 +19,7 @@ from pipelines.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-STAGES: dict[str, Callable[..., StageRecord]] = {"quantize": quantize, "evaluate": evaluate}
+STAGES: dict[str, Callable[..., StageRecord]] = {"quantize": quantize, "evaluate": evaluate, "bench": bench}
 
 
 def run_pipeline(card: ModelCard, tracker: Tracker, *, force: bool = False) -> list[StageRecord]:

@@ -39,6 +39,8 @@ class StageOutput:
     """What a stage's work returns: MLflow metrics and params, and a JSON summary for people."""
 
     metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Metrics over a step (batch size, concurrency): name -> [(step, value), ...]."""
     params: dict[str, str] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     unlogged: list[str] = field(default_factory=list)
@@ -180,6 +182,7 @@ def _log_manifest(tracker: Tracker, run_id: str, manifest: dict, folder: Path) -
         manifest["metrics"],
         manifest["params"],
         files,
+        manifest.get("series", {}),
         manifest.get("datasets", {}),
     )
 
@@ -234,6 +237,7 @@ def run_stage(
             "started": started.isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - t0, 2),
             "metrics": out.metrics,
+            "series": out.series,
             "params": out.params,
             "summary": out.summary,
             "unlogged": out.unlogged,

@@ -205,6 +205,7 @@ class Tracker:
         metrics: Mapping[str, float],
         params: Mapping[str, str],
         files: Iterable[Path] = (),
+        series: Mapping[str, Iterable[tuple[int, float]]] | None = None,
         datasets: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         """Log a finished stage; ParamsChanged when a param already holds another value."""
@@ -219,7 +220,8 @@ class Tracker:
         try:
             self.client.log_batch(
                 run_id,
-                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()]
+                + [Metric(k, float(v), now, int(step)) for k, points in (series or {}).items() for step, v in points],
                 params=[Param(k, str(v)) for k, v in params.items() if k not in existing],
                 tags=[RunTag(stage_tag(stage), "done"), RunTag(f"{stage_tag(stage)}.digest", digest)],
             )

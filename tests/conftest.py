@@ -57,7 +57,14 @@ def env_with(**extra: str) -> dict[str, str]:
     return env
 
 
-SMALL = {"num_samples: 59": "num_samples: 4", "max_seq_length: 512": "max_seq_length: 64"}
+SMALL = {
+    "num_samples: 59": "num_samples: 4",
+    "max_seq_length: 512": "max_seq_length: 64",
+    "batch_sizes: [1, 4]": "batch_sizes: [1, 2]",
+    "input_lengths: [128]": "input_lengths: [32]",
+    "output_lengths: [32]": "output_lengths: [8]",
+    "repeats: 5": "repeats: 3",
+}
 
 
 def _small_env(mp: pytest.MonkeyPatch, root: Path) -> None:

@@ -1,0 +1,301 @@
+"""In-process generation benchmark of one build over a (batch, input, output) grid.
+
+Each grid point: `warmup` untimed generations, then `repeats` timed ones of exactly `output_len` new
+tokens (greedy, EOS ignored) after a synthetic prompt of exactly `input_len` random token ids. A
+streamer timestamps every new token after synchronizing the device, so TTFT (prefill + first token),
+inter-token latency, TPOT and end-to-end latency all come from the same clock. Medians and p90s are
+reported with the sample count. On CUDA the KV cache is static and decode is compiled (as gpt-fast
+does); elsewhere generation is eager. An out-of-memory point is a result ("oom"), not a crash.
+The pipeline runs bench_engine() in a fresh process per build (pipelines/child.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import platform
+import statistics
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eval import speed
+from eval.gpus import peak_bandwidth
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checkpoint: str = Field(description="build folder; with no_weights, a folder or config.json giving the shape")
+    precision: str
+    no_weights: bool = Field(False, description="random weights built from the config: speed and memory only")
+    batch_sizes: list[int] = Field(min_length=1)
+    input_lengths: list[int] = Field(min_length=1)
+    output_lengths: list[int] = Field(min_length=1)
+    warmup: int = Field(2, ge=0)
+    repeats: int = Field(5, gt=0)
+    device: str = Field("auto", description="auto: cuda where available, else cpu")
+    dtype: str = "bfloat16"
+    compile: bool | None = Field(None, description="static KV cache + torch.compile; None: on CUDA only")
+    bandwidth_gb_s: float | None = Field(None, description="peak memory bandwidth; None: GPU table or measured")
+    quantized: bool = Field(False, description="the checkpoint holds quantized weights")
+    trust_remote_code: bool = False
+    seed: int = 0
+
+
+class PointResult(BaseModel):
+    batch: int
+    input_len: int
+    output_len: int
+    status: str = Field(description="ok, or oom when the point did not fit")
+    repeats: int = 0
+    ttft_ms_p50: float | None = None
+    ttft_ms_p90: float | None = None
+    itl_ms_p50: float | None = None
+    itl_ms_p90: float | None = None
+    tpot_ms_p50: float | None = None
+    e2e_ms_p50: float | None = None
+    e2e_ms_p90: float | None = None
+    decode_tps_per_user: float | None = Field(None, description="1 / median TPOT")
+    decode_tps_total: float | None = Field(None, description="per user x batch")
+    chars_per_s_total: float | None = Field(None, description="decode_tps_total x characters per token")
+    peak_mem_bytes: int | None = None
+    mbu: float | None = None
+
+
+class EngineResult(BaseModel):
+    precision: str
+    device: str
+    device_name: str
+    engine: str
+    dtype: str
+    kernels: str = Field(description="native, or emulated (quantized weights dequantized to compute)")
+    no_weights: bool
+    weight_bytes: int = Field(description="bytes of parameters and buffers resident on the device")
+    kv_bytes_per_token: int
+    bandwidth_gb_s: float
+    bandwidth_source: str
+    chars_per_token: float | None
+    memory: str = Field(description="what peak_mem_bytes measures")
+    versions: dict[str, str]
+    points: list[PointResult]
+
+
+class _Clock:
+    """A generate() streamer that records when each new token exists (device synchronized)."""
+
+    def __init__(self, sync):
+        self.sync, self.times, self.prompt_seen = sync, [], False
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate() first streams the prompt
+            self.prompt_seen = True
+            return
+        self.sync()
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+class _RssPeak:
+    """Peak resident memory of this process while a block runs (sampled every 2 ms)."""
+
+    def __init__(self):
+        import psutil
+
+        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
+
+    def __enter__(self):
+        self.peak = self.proc.memory_info().rss
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self.thread.join()
+
+
+def measure_cpu_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Copy bandwidth of this machine's memory in bytes/s (a copy reads and writes each byte)."""
+    import torch
+
+    a = torch.ones(megabytes * 2**20 // 4)
+    b = torch.empty_like(a)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t0))
+    return best
+
+
+def _load(cfg: EngineConfig, device: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, cfg.dtype)
+    tokenizer = None
+    if cfg.no_weights:
+        config = AutoConfig.from_pretrained(cfg.checkpoint, trust_remote_code=cfg.trust_remote_code)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.checkpoint, dtype=dtype, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
+        ).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
+    return model.eval(), tokenizer
+
+
+def _chars_per_token(tokenizer) -> float | None:
+    if tokenizer is None:
+        return None
+    from quant.verify import PROMPTS
+
+    text = " ".join(PROMPTS)
+    return len(text) / len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _run_point(model, cfg: EngineConfig, batch: int, input_len: int, output_len: int, sync, static: bool):
+    import torch
+
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(10, vocab, (batch, input_len), generator=gen).to(model.device)
+    kwargs = {
+        "attention_mask": torch.ones_like(ids),
+        "max_new_tokens": output_len,
+        "min_new_tokens": output_len,  # forced length: EOS may not end a sequence early
+        "do_sample": False,
+        "pad_token_id": 0,
+    }
+    if static:
+        kwargs["cache_implementation"] = "static"
+    runs = []
+    for i in range(cfg.warmup + cfg.repeats):
+        clock = _Clock(sync)
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, streamer=clock, **kwargs)
+        if i >= cfg.warmup:
+            runs.append((t0, clock.times))
+    return runs
+
+
+def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
+    """Benchmark one build over the grid; write grid.csv to `out_dir`."""
+    import torch
+
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    static = cfg.compile if cfg.compile is not None else cuda
+    model, tokenizer = _load(cfg, device)
+    if static:
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    c = model.config
+    heads = c.num_attention_heads
+    kv_token = speed.kv_bytes_per_token(
+        c.num_hidden_layers,
+        getattr(c, "num_key_value_heads", None) or heads,
+        getattr(c, "head_dim", None) or c.hidden_size // heads,
+        torch.finfo(getattr(torch, cfg.dtype)).bits // 8,
+    )
+    weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    if cfg.bandwidth_gb_s:
+        bandwidth, source = cfg.bandwidth_gb_s * 1e9, "given"
+    elif cuda:
+        name = torch.cuda.get_device_name()
+        bandwidth, source = peak_bandwidth(name) or measure_cpu_bandwidth(), "data sheet"
+    else:
+        bandwidth, source = measure_cpu_bandwidth(), "measured (memory copy, best of 5)"
+    chars = _chars_per_token(tokenizer)
+    points = []
+    for b in cfg.batch_sizes:
+        for i in cfg.input_lengths:
+            for o in cfg.output_lengths:
+                points.append(_point(model, cfg, b, i, o, sync, static, cuda, weight_bytes, kv_token, bandwidth, chars))
+    result = EngineResult(
+        precision=cfg.precision,
+        device=device,
+        device_name=torch.cuda.get_device_name()
+        if cuda
+        else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()}",
+        engine=f"transformers generate, {'static cache + torch.compile' if static else 'dynamic cache, eager'}",
+        dtype=cfg.dtype,
+        kernels="emulated (weights dequantized to " + cfg.dtype + ")" if cfg.quantized else "native",
+        no_weights=cfg.no_weights,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=kv_token,
+        bandwidth_gb_s=bandwidth / 1e9,
+        bandwidth_source=source,
+        chars_per_token=chars,
+        memory="peak CUDA memory allocated" if cuda else "peak resident memory of the process",
+        versions={p: metadata.version(p) for p in ("torch", "transformers")},
+        points=points,
+    )
+    _write_csv(out_dir / "grid.csv", result)
+    return result
+
+
+def _point(model, cfg, b, i, o, sync, static, cuda, weight_bytes, kv_token, bandwidth, chars) -> PointResult:
+    import torch
+
+    try:
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            runs = _run_point(model, cfg, b, i, o, sync, static)
+            peak = torch.cuda.max_memory_allocated()
+        else:
+            with _RssPeak() as rss:
+                runs = _run_point(model, cfg, b, i, o, sync, static)
+            peak = rss.peak
+    except (torch.cuda.OutOfMemoryError, MemoryError):
+        return PointResult(batch=b, input_len=i, output_len=o, status="oom")
+    ttft = [(times[0] - t0) * 1e3 for t0, times in runs]
+    e2e = [(times[-1] - t0) * 1e3 for t0, times in runs]
+    itl = [(t1 - t0) * 1e3 for _, times in runs for t0, t1 in itertools.pairwise(times)]
+    tpot = statistics.median(speed.tpot_s(a / 1e3, z / 1e3, o) for a, z in zip(ttft, e2e, strict=True)) * 1e3
+    per_user = 1e3 / tpot if o > 1 else None
+    step_bytes = speed.decode_step_bytes(weight_bytes, kv_token, b, i + o // 2)
+    return PointResult(
+        batch=b,
+        input_len=i,
+        output_len=o,
+        status="ok",
+        repeats=len(runs),
+        ttft_ms_p50=speed.percentile(ttft, 50),
+        ttft_ms_p90=speed.percentile(ttft, 90),
+        itl_ms_p50=speed.percentile(itl, 50) if itl else None,
+        itl_ms_p90=speed.percentile(itl, 90) if itl else None,
+        tpot_ms_p50=tpot if o > 1 else None,
+        e2e_ms_p50=speed.percentile(e2e, 50),
+        e2e_ms_p90=speed.percentile(e2e, 90),
+        decode_tps_per_user=per_user,
+        decode_tps_total=per_user * b if per_user else None,
+        chars_per_s_total=per_user * b * chars if per_user and chars else None,
+        peak_mem_bytes=peak,
+        mbu=speed.mbu(step_bytes, per_user, bandwidth) if per_user else None,
+    )
+
+
+def _write_csv(path: Path, result: EngineResult) -> None:
+    fields = list(PointResult.model_fields)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["precision", "device", "kernels", *fields])
+        w.writeheader()
+        for p in result.points:
+            w.writerow(
+                {"precision": result.precision, "device": result.device, "kernels": result.kernels, **p.model_dump()}
+            )

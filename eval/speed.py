@@ -1,0 +1,43 @@
+"""Speed and memory arithmetic: pure functions on numbers (definitions in README, "Definitions")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation, as numpy's default."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def tpot_s(ttft_s: float, e2e_s: float, output_tokens: int) -> float:
+    """Time per output token after the first: (e2e - TTFT) / (output tokens - 1), as vLLM defines it."""
+    if output_tokens < 2:
+        return math.nan
+    return (e2e_s - ttft_s) / (output_tokens - 1)
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """KV-cache bytes one token occupies: a key and a value vector per KV head per layer."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def decode_step_bytes(weight_bytes: int, kv_per_token: int, batch: int, context: int) -> int:
+    """Bytes a decode step reads: every weight once, plus each sequence's KV cache at `context` tokens."""
+    return weight_bytes + batch * kv_per_token * context
+
+
+def mbu(step_bytes: float, steps_per_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Model bandwidth utilisation: bytes read per decode step x steps per second / peak bandwidth."""
+    return step_bytes * steps_per_s / bandwidth_bytes_per_s
+
+
+def speedup_is_suspect(speedup: float, byte_ratio: float, slack: float = 1.15) -> bool:
+    """A decode speed-up beyond what the smaller weights allow (with slack for noise) is suspect."""
+    return speedup > byte_ratio * slack

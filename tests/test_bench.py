@@ -1,0 +1,82 @@
+"""The engine benchmark on the reference model, for real, with a tiny grid."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipelines.bench import bench
+from pipelines.tracking import Tracker, tracking_uri
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def benched(small_card, builds):
+    tracker = Tracker(small_card.name)
+    return {p: bench(small_card, p, tracker) for p in ("bf16", "gptq")}
+
+
+def test_figures_are_consistent(benched):
+    for precision, record in benched.items():
+        rows = list(csv.DictReader((record.path / "grid.csv").open()))
+        assert [int(r["batch"]) for r in rows] == [1, 2] and all(r["status"] == "ok" for r in rows)
+        for r in rows:
+            f = {k: float(v) for k, v in r.items() if k not in ("precision", "device", "kernels", "status")}
+            assert f["decode_tps_total"] == pytest.approx(f["decode_tps_per_user"] * f["batch"])
+            assert 0 < f["ttft_ms_p50"] < f["e2e_ms_p50"] and f["repeats"] == 3
+            assert f["ttft_ms_p50"] <= f["ttft_ms_p90"] and f["e2e_ms_p50"] <= f["e2e_ms_p90"]
+            assert 0 < f["mbu"] < 1
+        assert float(rows[1]["peak_mem_bytes"]) >= float(rows[0]["peak_mem_bytes"])
+        s = record.summary
+        assert s["kv_bytes_per_token"] == 2 * 6 * 2 * 64 * 2  # layers x K,V x KV heads x head dim x bf16
+        assert s["kernels"] == ("native" if precision == "bf16" else "emulated (weights dequantized to bfloat16)")
+        assert s["bandwidth_gb_s"] > 0 and "measured" in s["bandwidth_source"]
+
+
+def test_mlflow_gets_speed_against_batch(benched):
+    client = MlflowClient(tracking_uri())
+    history = client.get_metric_history(benched["bf16"].run_id, "engine/decode_tps")
+    assert sorted(m.step for m in history) == [1, 2]
+    run = client.get_run(benched["gptq"].run_id)
+    assert run.data.params["engine.kernels"].startswith("emulated")
+    assert run.data.params["engine.input_len"] == "32" and "mem/weights_gb" in run.data.metrics
+    assert "bench/grid.csv" in {a.path for a in client.list_artifacts(benched["gptq"].run_id, "bench")}
+
+
+def test_speedup_is_checked_against_the_resident_bytes(benched):
+    s, base = benched["gptq"].summary, benched["bf16"].summary
+    assert s["byte_ratio_vs_baseline"] == pytest.approx(base["weight_bytes"] / s["weight_bytes"])
+    assert s["byte_ratio_vs_baseline"] > 1.5  # compressed-tensors keeps the 4-bit weights packed in memory
+    assert s["speedup_suspect"] == (s["speedup_vs_baseline"] > 1.15 * s["byte_ratio_vs_baseline"])
+
+
+def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
+    import json
+
+    from conftest import REPO
+    from eval.engine import EngineConfig, bench_engine
+
+    shape = json.loads((REPO / "eval/configs/llama-2-7b.json").read_text())
+    shape.update(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4
+    )
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    cfg = EngineConfig(
+        checkpoint=str(tmp_path),
+        precision="bf16",
+        no_weights=True,
+        batch_sizes=[1],
+        input_lengths=[16],
+        output_lengths=[4],
+        warmup=1,
+        repeats=2,
+    )
+    result = bench_engine(cfg, tmp_path)
+    assert result.no_weights and result.chars_per_token is None
+    assert result.kv_bytes_per_token == 2 * 2 * 4 * 64 * 2
+    # 2 layers of (4 x 256^2 attention + 3 x 256 x 512 MLP) + 2 x 32000 x 256 embeddings, + 5 norms, in bf16
+    params = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 2 * 32000 * 256 + 5 * 256
+    assert result.weight_bytes >= 2 * params and result.points[0].status == "ok"
