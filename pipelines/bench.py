@@ -14,21 +14,33 @@ import eval.engine as engine
 import eval.speed as speed
 from pipelines.cards import ModelCard
 from pipelines.child import run_child
+from pipelines.errors import QevalError
 from pipelines.evaluate import checkpoint_for
-from pipelines.stages import StageOutput, StageRecord, read_manifest, run_stage, stage_dir
+from pipelines.paths import resolve_repo_path
+from pipelines.stages import StageOutput, StageRecord, file_digest, read_manifest, run_stage, stage_dir
 from pipelines.tracking import Tracker
 
 STAGE = "bench"
 log = logging.getLogger(__name__)
 
 
-def bench(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False) -> StageRecord:
-    """Benchmark one build's generation over the card's speed grid and log it."""
-    checkpoint, checkpoint_id = checkpoint_for(card, precision)
+def bench(
+    card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, no_weights: bool = False
+) -> StageRecord:
+    """Benchmark one build's generation over the card's speed grid and log it.
+
+    With `no_weights`, the baseline's architecture is built with random weights (speed and memory
+    only, nothing downloaded): from `source.config`, else from the local checkpoint's config.json.
+    """
+    if no_weights:
+        checkpoint, checkpoint_id = _shape(card, precision)
+    else:
+        checkpoint, checkpoint_id = checkpoint_for(card, precision)
     s = card.speed
     cfg = engine.EngineConfig(
         checkpoint=checkpoint,
         precision=precision,
+        no_weights=no_weights,
         batch_sizes=s.batch_sizes,
         input_lengths=s.input_lengths,
         output_lengths=s.output_lengths,
@@ -76,6 +88,7 @@ def bench(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
                 "engine.device": result.device_name,
                 "engine.engine": result.engine,
                 "engine.kernels": result.kernels,
+                "engine.weights": "random (no_weights)" if no_weights else "checkpoint",
                 "engine.input_len": str(s.input_lengths[0]),
                 "engine.output_len": str(s.output_lengths[0]),
                 "engine.repeats": str(s.repeats),
@@ -85,6 +98,23 @@ def bench(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         )
 
     return run_stage(tracker, precision, STAGE, inputs, _code(), work, force=force)
+
+
+def _shape(card: ModelCard, precision: str) -> tuple[str, str]:
+    """The config.json that gives the model's architecture, for random-weight benchmarks."""
+    if precision != card.gate.baseline:
+        raise QevalError(
+            f"--no-weights measures the {card.gate.baseline} baseline only: random weights are not quantized"
+        )
+    if card.source.config:
+        path = resolve_repo_path(card.source.config)
+    elif card.source.path:
+        path = resolve_repo_path(card.source.path) / "config.json"
+    else:
+        raise QevalError(f"model '{card.name}': --no-weights needs source.config (a config.json) in its card")
+    if not path.is_file():
+        raise QevalError(f"model '{card.name}': no architecture config at {path}")
+    return str(path), file_digest([path])
 
 
 def _speedup(baseline: dict, result: engine.EngineResult, ok: list[engine.PointResult]) -> dict:

@@ -31,6 +31,9 @@ class Source(_Strict):
     hub_id: str | None = Field(None, description="hub repository id, e.g. meta-llama/Llama-3.1-8B-Instruct")
     revision: str = Field("main", description="hub revision (a commit hash pins it)")
     trust_remote_code: bool = Field(False, description="run code shipped with the model; only if its card asks")
+    config: str | None = Field(
+        None, description="a config.json in the repo giving the architecture, for work without the weights"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Source:

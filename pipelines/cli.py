@@ -161,6 +161,9 @@ def bench(
     precision: Annotated[
         list[str] | None, typer.Option(help="build to measure; repeat for several (default: all)")
     ] = None,
+    no_weights: Annotated[
+        bool, typer.Option("--no-weights", help="random weights of the baseline's architecture: speed, memory only")
+    ] = False,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -168,11 +171,11 @@ def bench(
     from pipelines.bench import bench as run_bench
 
     card = cards_mod.load_card(model)
-    precisions = precision or card.precisions
+    precisions = precision or ([card.gate.baseline] if no_weights else card.precisions)
     for p in precisions:
         card.require_precision(p)
     tracker = _tracker(model)
-    records = [run_bench(card, p, tracker, force=force) for p in precisions]
+    records = [run_bench(card, p, tracker, force=force, no_weights=no_weights) for p in precisions]
     out.print(_records_table(records))
     _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
 

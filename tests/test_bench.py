@@ -8,6 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipelines.bench import bench
+from pipelines.errors import QevalError
 from pipelines.tracking import Tracker, tracking_uri
 
 pytestmark = pytest.mark.slow
@@ -80,3 +81,24 @@ def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
     # 2 layers of (4 x 256^2 attention + 3 x 256 x 512 MLP) + 2 x 32000 x 256 embeddings, + 5 norms, in bf16
     params = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 2 * 32000 * 256 + 5 * 256
     assert result.weight_bytes >= 2 * params and result.points[0].status == "ok"
+
+
+def test_no_weights_from_the_card_is_labelled_as_such(small_card):
+    record = bench(small_card, "bf16", Tracker(small_card.name), no_weights=True)
+    assert record.summary["no_weights"] is True and record.summary["chars_per_token"] is None
+    params = MlflowClient(tracking_uri()).get_run(record.run_id).data.params
+    assert params["engine.weights"] == "random (no_weights)"
+    with pytest.raises(QevalError, match="--no-weights measures the bf16 baseline only"):
+        bench(small_card, "gptq", Tracker(small_card.name), no_weights=True)
+
+
+def test_shipped_architecture_of_a_real_card_matches_published_kv_size():
+    from transformers import AutoConfig
+
+    from eval.speed import kv_bytes_per_token
+    from pipelines.cards import load_card
+    from pipelines.paths import resolve_repo_path
+
+    card = load_card("llama-3.1-8b-instruct")
+    c = AutoConfig.from_pretrained(resolve_repo_path(card.source.config))
+    assert kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 2) == 128 * 1024
