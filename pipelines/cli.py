@@ -21,6 +21,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from pipelines import cards as cards_mod
+from pipelines.cards import ModelCard
 from pipelines.errors import QevalError
 from pipelines.stages import StageRecord
 
@@ -87,6 +88,28 @@ def _tracker(model: str):
     return Tracker(model)
 
 
+def _report(model: str, records: list[StageRecord], as_json: bool) -> None:
+    out.print(_records_table(records))
+    _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
+
+
+def _run_builds(
+    model: str,
+    precisions: list[str] | None,
+    default: Callable[[ModelCard], list[str]],
+    stage: Callable[..., StageRecord],
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Run one stage for the chosen builds of a card (all checked before any work starts)."""
+    card = cards_mod.load_card(model)
+    chosen = precisions or default(card)
+    for p in chosen:
+        card.require_precision(p)
+    tracker = _tracker(model)
+    _report(model, [stage(card, p, tracker, **options) for p in chosen], as_json)
+
+
 @app.command()
 @_guarded
 def models(as_json: JsonOpt = False) -> None:
@@ -124,14 +147,7 @@ def quantize(
     """Build quantized checkpoints with llm-compressor and prove each one is real."""
     from pipelines.quantize import quantize as run_quantize
 
-    card = cards_mod.load_card(model)
-    precisions = precision or card.precisions
-    for p in precisions:
-        card.require_precision(p)
-    tracker = _tracker(model)
-    records = [run_quantize(card, p, tracker, force=force, num_samples=samples) for p in precisions]
-    out.print(_records_table(records))
-    _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
+    _run_builds(model, precision, lambda c: c.precisions, run_quantize, as_json, force=force, num_samples=samples)
 
 
 @app.command()
@@ -146,12 +162,8 @@ def evaluate(
     """Accuracy of one build with lm-evaluation-harness."""
     from pipelines.evaluate import evaluate as run_evaluate
 
-    card = cards_mod.load_card(model)
-    precision = precision or card.gate.baseline
-    card.require_precision(precision)
-    record = run_evaluate(card, precision, _tracker(model), force=force, limit=limit)
-    out.print(_records_table([record]))
-    _emit_json(record.as_json(), as_json)
+    chosen = [precision] if precision else None
+    _run_builds(model, chosen, lambda c: [c.gate.baseline], run_evaluate, as_json, force=force, limit=limit)
 
 
 @app.command()
@@ -170,14 +182,10 @@ def bench(
     """Generation speed and memory of builds over the card's grid (in-process engine)."""
     from pipelines.bench import bench as run_bench
 
-    card = cards_mod.load_card(model)
-    precisions = precision or ([card.gate.baseline] if no_weights else card.precisions)
-    for p in precisions:
-        card.require_precision(p)
-    tracker = _tracker(model)
-    records = [run_bench(card, p, tracker, force=force, no_weights=no_weights) for p in precisions]
-    out.print(_records_table(records))
-    _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
+    def default(card: ModelCard) -> list[str]:
+        return [card.gate.baseline] if no_weights else card.precisions
+
+    _run_builds(model, precision, default, run_bench, as_json, force=force, no_weights=no_weights)
 
 
 @app.command()
@@ -187,9 +195,7 @@ def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = 
     from pipelines.pipeline import run_pipeline
 
     card = cards_mod.load_card(model)
-    records = run_pipeline(card, _tracker(model), force=force)
-    out.print(_records_table(records))
-    _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
+    _report(model, run_pipeline(card, _tracker(model), force=force), as_json)
 
 
 @app.command()
