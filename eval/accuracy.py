@@ -140,8 +140,9 @@ def _load_tasks(names: list[str], manager) -> list:
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if offline:
                 raise ValueError(
-                    f"task '{name}' needs its data set from the hub, which is off here ({why}); run where the hub "
-                    f"is reachable once to fill the cache, or write a local task YAML with dataset_path: json"
+                    f"task '{name}' needs its data set from the hub, which is off here ({why}); where the hub is "
+                    f"reachable set QEVAL_ALLOW_HUB=1 once to fill the cache, or write a local task YAML with "
+                    f"dataset_path: json"
                 ) from None
             raise ValueError(f"task '{name}' could not be loaded: {why}") from None
     return tasks

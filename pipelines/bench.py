@@ -12,7 +12,7 @@ from pathlib import Path
 
 import eval.engine as engine
 import eval.speed as speed
-from pipelines.cards import ModelCard
+from pipelines.cards import ModelCard, offline_env
 from pipelines.child import run_child
 from pipelines.errors import QevalError
 from pipelines.evaluate import checkpoint_for
@@ -59,8 +59,9 @@ def bench(
     }
 
     def work(out: Path) -> StageOutput:
-        offline = {"HF_HUB_OFFLINE": "1"} if card.source.path else {}
-        result = run_child("eval.engine:bench_engine", cfg, out, engine.EngineResult, out / "bench.log", offline)
+        result = run_child(
+            "eval.engine:bench_engine", cfg, out, engine.EngineResult, out / "bench.log", offline_env(card)
+        )
         main = [p for p in result.points if (p.input_len, p.output_len) == (s.input_lengths[0], s.output_lengths[0])]
         ok = [p for p in main if p.status == "ok"]
         series = {

@@ -7,6 +7,7 @@ error is one line naming the file, the key and what is expected.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -230,6 +231,14 @@ def weights_identity(card: ModelCard, folder: str) -> str:
     from pipelines.stages import file_digest
 
     return file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
+
+
+def offline_env(card: ModelCard) -> dict[str, str]:
+    """Environment for the children: a card with local weights runs without the hub (nothing is fetched,
+    nothing waits on a network), unless QEVAL_ALLOW_HUB=1 (for a local model with hub tasks)."""
+    if card.source.path is None or os.environ.get("QEVAL_ALLOW_HUB") == "1":
+        return {}
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 # safetensors only: a *.bin pickle can run code when loaded.

@@ -9,7 +9,7 @@ import yaml
 
 import eval.accuracy as accuracy
 from eval.compare import recoveries
-from pipelines.cards import ModelCard, resolve_weights, weights_identity
+from pipelines.cards import ModelCard, offline_env, resolve_weights, weights_identity
 from pipelines.child import run_child
 from pipelines.errors import QevalError
 from pipelines.paths import resolve_repo_path
@@ -65,9 +65,8 @@ def evaluate(
     inputs["baseline"] = baseline["inputs_digest"] if baseline else None
 
     def work(out: Path) -> StageOutput:
-        offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"} if card.source.path else {}
         result = run_child(
-            "eval.accuracy:evaluate_accuracy", cfg, out, accuracy.AccuracyResult, out / "lm_eval.log", offline
+            "eval.accuracy:evaluate_accuracy", cfg, out, accuracy.AccuracyResult, out / "lm_eval.log", offline_env(card)
         )
         metrics = lm_eval_metrics(result.results)
         if baseline:

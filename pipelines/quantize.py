@@ -11,7 +11,7 @@ from pathlib import Path
 
 import quant.build as build
 import quant.verify as verify
-from pipelines.cards import ModelCard, resolve_weights, weights_identity
+from pipelines.cards import ModelCard, offline_env, resolve_weights, weights_identity
 from pipelines.child import run_child
 from pipelines.paths import resolve_repo_path
 from pipelines.stages import StageOutput, StageRecord, file_digest, run_stage
@@ -42,7 +42,7 @@ def quantize(
     """Build `precision` of the card's model, check it, and log it to the build's MLflow run."""
     card.require_precision(precision)
     base = resolve_weights(card)
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"} if card.source.path else {}
+    offline = offline_env(card)
     spec, calib_id = _calibration(card, num_samples) if PRECISIONS[precision].needs_calibration else (None, None)
     cfg = build.QuantizeConfig(
         base=base,
