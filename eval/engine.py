@@ -124,16 +124,18 @@ class _RssPeak:
         self.thread.join()
 
 
-def measure_cpu_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
-    """Copy bandwidth of this machine's memory in bytes/s (a copy reads and writes each byte)."""
+def measure_copy_bandwidth(device: str = "cpu", sync=lambda: None, megabytes: int = 256, repeats: int = 5) -> float:
+    """Copy bandwidth of a device's memory in bytes/s, best of `repeats` (a copy reads and writes each byte)."""
     import torch
 
-    a = torch.ones(megabytes * 2**20 // 4)
+    a = torch.ones(megabytes * 2**20 // 4, device=device)
     b = torch.empty_like(a)
     best = 0.0
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         b.copy_(a)
+        sync()
         best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t0))
     return best
 
@@ -214,11 +216,10 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
     weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if cfg.bandwidth_gb_s:
         bandwidth, source = cfg.bandwidth_gb_s * 1e9, "given"
-    elif cuda:
-        name = torch.cuda.get_device_name()
-        bandwidth, source = peak_bandwidth(name) or measure_cpu_bandwidth(), "data sheet"
+    elif cuda and peak_bandwidth(torch.cuda.get_device_name()):
+        bandwidth, source = peak_bandwidth(torch.cuda.get_device_name()), "data sheet"
     else:
-        bandwidth, source = measure_cpu_bandwidth(), "measured (memory copy, best of 5)"
+        bandwidth, source = measure_copy_bandwidth(device, sync), "measured (memory copy, best of 5)"
     chars = _chars_per_token(tokenizer)
     points = []
     for b in cfg.batch_sizes:
