@@ -64,6 +64,7 @@ SMALL = {
     "input_lengths: [128]": "input_lengths: [32]",
     "output_lengths: [32]": "output_lengths: [8]",
     "repeats: 5": "repeats: 3",
+    "  batch_size: 8\n": "  batch_size: 8\n  limit: 6\n",
 }
 
 
