@@ -15,8 +15,8 @@ import eval.speed as speed
 from pipelines.cards import ModelCard, offline_env
 from pipelines.child import run_child
 from pipelines.errors import QevalError
-from pipelines.evaluate import checkpoint_for
 from pipelines.paths import resolve_repo_path
+from pipelines.quantize import checkpoint_for
 from pipelines.stages import StageOutput, StageRecord, file_digest, read_manifest, run_stage, stage_dir
 from pipelines.tracking import Tracker
 

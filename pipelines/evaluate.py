@@ -9,32 +9,16 @@ import yaml
 
 import eval.accuracy as accuracy
 from eval.compare import recoveries
-from pipelines.cards import ModelCard, offline_env, resolve_weights, weights_identity
+from pipelines.cards import ModelCard, offline_env
 from pipelines.child import run_child
 from pipelines.errors import QevalError
 from pipelines.paths import resolve_repo_path
+from pipelines.quantize import checkpoint_for
 from pipelines.stages import StageOutput, StageRecord, file_digest, read_manifest, run_stage, stage_dir
 from pipelines.tracking import Tracker, lm_eval_metrics
 
 STAGE = "evaluate"
 log = logging.getLogger(__name__)
-
-
-def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
-    """The folder holding a build's weights, and a digest that identifies them."""
-    card.require_precision(precision)
-    if precision == card.gate.baseline:
-        folder = resolve_weights(card)
-        return folder, weights_identity(card, folder)
-    build = stage_dir(card.name, precision, "quantize")
-    folder = build / "checkpoint"
-    done = read_manifest(build)
-    if not done or done.get("status") != "done" or not folder.is_dir():
-        raise QevalError(
-            f"{card.name}@{precision} has no quantized checkpoint at {folder}; "
-            f"build it first: qeval quantize --model {card.name} --precision {precision}"
-        )
-    return str(folder), done["inputs_digest"]
 
 
 def evaluate(

@@ -9,12 +9,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import quant.build as build
+import quant.build as build_mod
 import quant.verify as verify
 from pipelines.cards import ModelCard, offline_env, resolve_weights, weights_identity
 from pipelines.child import run_child
+from pipelines.errors import QevalError
 from pipelines.paths import resolve_repo_path
-from pipelines.stages import StageOutput, StageRecord, file_digest, run_stage
+from pipelines.stages import StageOutput, StageRecord, file_digest, read_manifest, run_stage, stage_dir
 from pipelines.tracking import Tracker
 from quant.precisions import PRECISIONS
 
@@ -36,6 +37,23 @@ def _calibration(card: ModelCard, num_samples: int | None) -> tuple[dict | None,
     return spec, f"{c.dataset}:{c.split}"
 
 
+def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
+    """The folder holding a build's weights, and a digest that identifies them."""
+    card.require_precision(precision)
+    if precision == card.gate.baseline:
+        folder = resolve_weights(card)
+        return folder, weights_identity(card, folder)
+    build = stage_dir(card.name, precision, STAGE)
+    folder = build / build_mod.CHECKPOINT_DIR
+    done = read_manifest(build)
+    if not done or done.get("status") != "done" or not folder.is_dir():
+        raise QevalError(
+            f"{card.name}@{precision} has no quantized checkpoint at {folder}; "
+            f"build it first: qeval quantize --model {card.name} --precision {precision}"
+        )
+    return str(folder), done["inputs_digest"]
+
+
 def quantize(
     card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, num_samples: int | None = None
 ) -> StageRecord:
@@ -44,7 +62,7 @@ def quantize(
     base = resolve_weights(card)
     offline = offline_env(card)
     spec, calib_id = _calibration(card, num_samples) if PRECISIONS[precision].needs_calibration else (None, None)
-    cfg = build.QuantizeConfig(
+    cfg = build_mod.QuantizeConfig(
         base=base,
         precision=precision,
         group_size=card.quantization.group_size,
@@ -59,7 +77,7 @@ def quantize(
     }
 
     def baseline(out: Path) -> StageOutput:
-        size = sum(p.stat().st_size for p in Path(base).glob("*.safetensors"))
+        size = build_mod.weight_bytes(Path(base))
         return StageOutput(
             metrics={"size/checkpoint_gb": size / 1e9},
             params={
@@ -71,12 +89,15 @@ def quantize(
 
     def work(out: Path) -> StageOutput:
         made = run_child(
-            "quant.build:quantize_checkpoint", cfg, out, build.QuantizeResult, out / "quantize.log", offline
+            "quant.build:quantize_checkpoint", cfg, out, build_mod.QuantizeResult, out / "quantize.log", offline
         )
         check = verify.VerifyConfig(
-            base=base, checkpoint=str(out / "checkpoint"), precision=precision, trust_remote_code=cfg.trust_remote_code
+            base=base,
+            checkpoint=str(out / build_mod.CHECKPOINT_DIR),
+            precision=precision,
+            trust_remote_code=cfg.trust_remote_code,
         )
-        shutil.copy(out / "checkpoint" / "recipe.yaml", out / "recipe.yaml")  # logged; the weights are not
+        shutil.copy(out / build_mod.CHECKPOINT_DIR / "recipe.yaml", out / "recipe.yaml")  # logged; the weights are not
         proof = run_child(
             "quant.verify:verify_checkpoint", check, out, verify.VerifyResult, out / "verify.log", offline
         )
@@ -85,7 +106,7 @@ def quantize(
             "quant/kl_vs_baseline": proof.kl_vs_baseline,
             "quant/top1_agreement": proof.top1_agreement,
             "quant/seconds": made.seconds,
-            "quant/peak_rss_gb": made.peak_rss_mb / 1024,
+            "quant/peak_rss_gb": made.peak_rss_mb * 2**20 / 1e9,
         }
         params = {
             "quant.scheme": PRECISIONS[precision].description,
@@ -105,9 +126,9 @@ def quantize(
             metrics=metrics,
             params=params,
             summary={**made.model_dump(), **proof.model_dump()},
-            unlogged=["checkpoint"],
+            unlogged=[build_mod.CHECKPOINT_DIR],
         )
 
     body = baseline if precision == card.gate.baseline else work
-    code = [*sorted(Path(build.__file__).parent.glob("*.py")), Path(__file__), Path(run_child.__code__.co_filename)]
+    code = [*sorted(Path(build_mod.__file__).parent.glob("*.py")), Path(__file__), Path(run_child.__code__.co_filename)]
     return run_stage(tracker, precision, STAGE, inputs, code, body, force=force)

@@ -17,6 +17,8 @@ from quant import calibration
 from quant.precisions import get_precision
 from quant.recipes import RecipeOptions, build_recipe
 
+CHECKPOINT_DIR = "checkpoint"  # inside the stage folder
+
 
 class QuantizeConfig(BaseModel):
     """One build: which base, which precision, with which calibration."""
@@ -38,7 +40,7 @@ class QuantizeResult(BaseModel):
     precision: str
     seconds: float = Field(description="wall time of oneshot and saving")
     peak_rss_mb: float = Field(description="peak resident memory of the quantizing process")
-    checkpoint_bytes: int
+    checkpoint_bytes: int = Field(description="bytes of the saved weight files")
     calibration_samples: int = 0
     calibration_tokens: int = 0
     calibration_dropped: int = 0
@@ -59,8 +61,9 @@ def misaligned_layers(model, group_size: int, ignore: list[str]) -> list[str]:
     ]
 
 
-def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+def weight_bytes(folder: Path) -> int:
+    """Bytes of a checkpoint's weight files (tokenizer and configs left out), for size comparisons."""
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
 def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
@@ -108,7 +111,7 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         max_seq_length=cfg.calibration["max_seq_length"] if calib else None,
         shuffle_calibration_samples=False,
     )
-    checkpoint = out_dir / "checkpoint"
+    checkpoint = out_dir / CHECKPOINT_DIR
     try:
         model.save_pretrained(checkpoint, save_compressed=True)
         tokenizer.save_pretrained(checkpoint)
@@ -122,7 +125,7 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         precision=cfg.precision,
         seconds=round(time.perf_counter() - t0, 2),
         peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        checkpoint_bytes=folder_bytes(checkpoint),
+        checkpoint_bytes=weight_bytes(checkpoint),
         calibration_samples=len(calib.input_ids) if calib else 0,
         calibration_tokens=calib.tokens if calib else 0,
         calibration_dropped=calib.dropped if calib else 0,

@@ -179,7 +179,6 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     train(p.parse_args())
 
 
