@@ -1,18 +1,28 @@
 """Paired statistics for comparing a build with its baseline on the same documents (pure functions).
 
-The gate compares per-document outcomes of build and baseline: exact McNemar for 0/1 outcomes, a
-paired bootstrap for any per-document score (log-likelihoods, accuracies), giving a confidence
-interval on the difference. A verdict is PASS when the whole interval lies within the allowed loss,
-FAIL when it lies entirely beyond it, INCONCLUSIVE otherwise, with the sample size that would decide.
+Every lm-eval metric the gate uses is a ratio of sums over documents: a mean of 0/1 or real scores
+(sum of scores / number of documents) or a perplexity-type metric from per-document (log-likelihood,
+length) pairs (`bits_per_byte` = -sum(ll) / sum(bytes) / ln 2). Resampling the documents with the
+same indices for build and baseline (a paired bootstrap) gives a confidence interval on the
+difference, on recovery and on the perplexity increase. For 0/1 outcomes the exact McNemar test on
+the discordant documents is reported beside it.
+
+A verdict is PASS when the whole interval lies on the allowed side of the threshold, FAIL when it lies
+entirely beyond it, INCONCLUSIVE otherwise, with the number of documents that would likely decide it.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist, fmean, stdev
+from typing import Literal
+
+import numpy as np
+
+Rule = Literal["recovery", "ppl_increase"]
+_LN2 = math.log(2)
+_PERPLEXITY = {"word_perplexity", "byte_perplexity", "token_perplexity", "perplexity"}
 
 
 def mcnemar_exact(base_only: int, build_only: int) -> float:
@@ -28,66 +38,157 @@ def mcnemar_exact(base_only: int, build_only: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def paired_bootstrap_ci(
-    base: Sequence[float], build: Sequence[float], confidence: float = 0.95, iters: int = 2000, seed: int = 0
-) -> tuple[float, float, float]:
-    """(mean difference build - base, lower, upper) with a percentile bootstrap over documents."""
-    if len(base) != len(build) or not base:
-        raise ValueError("paired samples must be non-empty and of equal length")
-    diffs = [b - a for a, b in zip(base, build, strict=True)]
-    rng = random.Random(seed)
-    n = len(diffs)
-    means = sorted(fmean(rng.choices(diffs, k=n)) for _ in range(iters))
-    alpha = (1 - confidence) / 2
-    lo = means[max(0, math.floor(alpha * iters))]
-    hi = means[min(iters - 1, math.ceil((1 - alpha) * iters) - 1)]
-    return fmean(diffs), lo, hi
+def doc_terms(values: Sequence[float | Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-document (numerator, denominator): a score x is (x, 1); lm-eval's [loglik, length] is itself."""
+    num, den = [], []
+    for v in values:
+        if isinstance(v, list | tuple):
+            num.append(float(v[0]))
+            den.append(float(v[1]))
+        else:
+            num.append(float(v))
+            den.append(1.0)
+    return np.asarray(num), np.asarray(den)
+
+
+def is_likelihood(values: Sequence[float | Sequence[float]]) -> bool:
+    """True for lm-eval's [loglik, length] per-document values (perplexity-type metrics)."""
+    return bool(values) and isinstance(values[0], list | tuple)
+
+
+def aggregate(metric: str, num, den):
+    """The metric from summed terms (works on arrays of sums, one per bootstrap replicate)."""
+    ratio = num / den
+    if metric == "bits_per_byte":
+        return -ratio / _LN2
+    if metric in _PERPLEXITY:
+        return np.exp(-ratio)
+    return ratio
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Comparison:
+    """One task metric of a build against the baseline, with paired intervals and a verdict."""
+
+    metric: str
+    rule: Rule
+    threshold: float  # min recovery, or max perplexity increase (a fraction)
     verdict: str  # PASS, FAIL or INCONCLUSIVE
-    difference: float
-    lower: float
-    upper: float
     n: int
+    baseline: float
+    build: float
+    difference: tuple[float, float, float]  # build - baseline: estimate, lower, upper
+    recovery: tuple[float, float, float]  # 1.0 means as good as the baseline
+    ppl_increase: tuple[float, float, float] | None  # perplexity-type metrics only
     n_to_decide: int | None  # documents that would likely decide an INCONCLUSIVE case
+    mcnemar_p: float | None  # 0/1 outcomes only
+    discordant: tuple[int, int] | None  # (baseline right only, build right only)
+
+    @property
+    def statistic(self) -> tuple[float, float, float]:
+        return self.recovery if self.rule == "recovery" else self.ppl_increase  # type: ignore[return-value]
 
 
-def decide(
-    base: Sequence[float],
-    build: Sequence[float],
-    allowed_loss: float,
-    higher_is_better: bool = True,
+def _ratio(num, den):
+    """num / den where 0 / 0 is 1 (both equally bad) and x / 0 is infinite, as eval.compare.recovery."""
+    num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = num / den
+    return np.where(den == 0, np.where(num > 0, np.inf, 1.0), out)
+
+
+def _replicate_sums(terms: Sequence[np.ndarray], iters: int, seed: int, chunk: int = 256) -> list[np.ndarray]:
+    """Sums of each term array over `iters` resamples of the documents (the same resamples for all)."""
+    n = len(terms[0])
+    rng = np.random.default_rng(seed)
+    out = [np.empty(iters) for _ in terms]
+    for start in range(0, iters, chunk):
+        k = min(chunk, iters - start)
+        weights = rng.multinomial(n, np.full(n, 1.0 / n), size=k).astype(float)
+        for t, acc in zip(terms, out, strict=True):
+            acc[start : start + k] = weights @ t
+    return out
+
+
+def _interval(point: float, reps: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(reps, [alpha, 1 - alpha])
+    return float(point), float(lo), float(hi)
+
+
+def compare(
+    metric: str,
+    base_values: Sequence[float | Sequence[float]],
+    build_values: Sequence[float | Sequence[float]],
+    *,
+    higher_is_better: bool,
+    rule: Rule = "recovery",
+    threshold: float = 0.99,
     confidence: float = 0.95,
+    iters: int = 2000,
     seed: int = 0,
-) -> Verdict:
-    """Verdict on a build's per-document scores against the baseline's, allowing `allowed_loss`.
+) -> Comparison:
+    """Paired comparison of per-document values, in the same document order for build and baseline.
 
-    The loss is measured in the metric's own units on the mean (for recovery r on a baseline mean m,
-    allowed_loss = (1 - r) * m). For lower-is-better metrics the signs are flipped.
+    rule "recovery": PASS when recovery >= threshold over the whole interval (recovery is
+    build / baseline, or baseline / build for lower-is-better metrics).
+    rule "ppl_increase": for [loglik, length] values, PASS when perplexity (exp of the mean negative
+    log-likelihood per unit) rises by at most `threshold` (0.02 = 2 %) over the whole interval.
     """
-    sign = 1.0 if higher_is_better else -1.0
-    mean, lo, hi = paired_bootstrap_ci([sign * x for x in base], [sign * x for x in build], confidence, seed=seed)
-    n = len(base)
-    if lo >= -allowed_loss:
-        return Verdict("PASS", mean, lo, hi, n, None)
-    if hi < -allowed_loss:
-        return Verdict("FAIL", mean, lo, hi, n, None)
-    return Verdict("INCONCLUSIVE", mean, lo, hi, n, samples_to_decide(base, build, allowed_loss, sign, confidence))
+    if len(base_values) != len(build_values) or not base_values:
+        raise ValueError("paired samples must be non-empty and of equal length")
+    likelihood = is_likelihood(base_values)
+    if rule == "ppl_increase" and not likelihood:
+        raise ValueError(f"metric '{metric}': a perplexity rule needs per-document log-likelihoods")
+    a_num, a_den = doc_terms(base_values)
+    b_num, b_den = doc_terms(build_values)
+    n = len(a_num)
+    sa_num, sa_den, sb_num, sb_den = _replicate_sums([a_num, a_den, b_num, b_den], iters, seed)
+
+    def stats(an, ad, bn, bd):
+        base, build = aggregate(metric, an, ad), aggregate(metric, bn, bd)
+        rec = _ratio(build, base) if higher_is_better else _ratio(base, build)
+        ppl = np.exp(-(bn / bd - an / ad)) - 1 if likelihood else None
+        return base, build, rec, ppl
+
+    base, build, rec, ppl = stats(a_num.sum(), a_den.sum(), b_num.sum(), b_den.sum())
+    _, _, rec_r, ppl_r = stats(sa_num, sa_den, sb_num, sb_den)
+    diff_r = aggregate(metric, sb_num, sb_den) - aggregate(metric, sa_num, sa_den)
+    recovery = _interval(rec, rec_r, confidence)
+    increase = _interval(ppl, ppl_r, confidence) if likelihood else None
+
+    if rule == "recovery":
+        point, lo, hi = recovery
+        passed, failed = lo >= threshold, hi < threshold
+    else:
+        point, lo, hi = increase  # type: ignore[misc]
+        passed, failed = hi <= threshold, lo > threshold
+    verdict = "PASS" if passed else "FAIL" if failed else "INCONCLUSIVE"
+
+    binary = not likelihood and all(v in (0.0, 1.0) for v in np.concatenate([a_num, b_num]))
+    discordant = (int(np.sum((a_num == 1) & (b_num == 0))), int(np.sum((a_num == 0) & (b_num == 1))))
+    return Comparison(
+        metric=metric,
+        rule=rule,
+        threshold=threshold,
+        verdict=verdict,
+        n=n,
+        baseline=float(base),
+        build=float(build),
+        difference=_interval(float(build - base), diff_r, confidence),
+        recovery=recovery,
+        ppl_increase=increase,
+        n_to_decide=None if verdict != "INCONCLUSIVE" else samples_to_decide(n, point, lo, hi, threshold),
+        mcnemar_p=mcnemar_exact(*discordant) if binary else None,
+        discordant=discordant if binary else None,
+    )
 
 
-def samples_to_decide(
-    base: Sequence[float], build: Sequence[float], allowed_loss: float, sign: float, confidence: float
-) -> int | None:
-    """Documents needed for the interval's half-width to shrink to the gap between the mean and the
-    threshold, if the observed mean and spread hold (normal approximation)."""
-    diffs = [sign * (b - a) for a, b in zip(base, build, strict=True)]
-    if len(diffs) < 2:
+def samples_to_decide(n: int, point: float, lower: float, upper: float, threshold: float) -> int | None:
+    """Documents needed for the interval to clear the threshold, if the estimate and the per-document
+    spread hold: the half-width shrinks as 1/sqrt(n). None when the estimate sits on the threshold."""
+    gap = abs(point - threshold)
+    if gap == 0:
         return None
-    gap = abs(fmean(diffs) + allowed_loss)
-    spread = stdev(diffs)
-    if gap == 0 or spread == 0:
-        return None
-    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
-    return math.ceil((z * spread / gap) ** 2)
+    half = (upper - lower) / 2
+    return max(n + 1, math.ceil(n * (half / gap) ** 2))

@@ -1,8 +1,9 @@
+import math
 import random
 
 import pytest
 
-from eval.stats import decide, mcnemar_exact, paired_bootstrap_ci
+from eval.stats import aggregate, compare, doc_terms, mcnemar_exact, samples_to_decide
 
 
 def test_mcnemar_exact_by_hand():
@@ -12,34 +13,74 @@ def test_mcnemar_exact_by_hand():
     assert mcnemar_exact(5, 5) == 1.0
 
 
-def test_bootstrap_interval_contains_the_mean_and_shrinks_with_n():
-    rng = random.Random(1)
-    base = [rng.random() for _ in range(400)]
-    build = [x - 0.01 + rng.gauss(0, 0.05) for x in base]
-    mean, lo, hi = paired_bootstrap_ci(base, build)
-    assert lo < mean < hi and mean == pytest.approx(-0.01, abs=0.01)
-    _, lo4, hi4 = paired_bootstrap_ci(base[:25], build[:25])
-    assert hi4 - lo4 > hi - lo
-    with pytest.raises(ValueError):
-        paired_bootstrap_ci([1.0], [])
+def test_bits_per_byte_and_perplexity_aggregate_like_lm_eval():
+    num, den = doc_terms([[-10.0, 8], [-6.0, 8]])  # two documents, 16 bytes, 16 nats
+    assert aggregate("bits_per_byte", num.sum(), den.sum()) == pytest.approx(1 / math.log(2))
+    assert aggregate("word_perplexity", num.sum(), den.sum()) == pytest.approx(math.e)
+    n2, d2 = doc_terms([1.0, 0.0, 1.0, 1.0])
+    assert aggregate("acc", n2.sum(), d2.sum()) == 0.75
 
 
-def _pair(n: int, loss: float, seed: int = 0) -> tuple[list[float], list[float]]:
+def _accuracy_pair(n: int, p_flip_down: float, p_flip_up: float, seed: int = 0) -> tuple[list[float], list[float]]:
+    """Baseline right on 80 % of documents; the build flips some answers down and some up."""
     rng = random.Random(seed)
-    base = [float(rng.random() < 0.7) for _ in range(n)]
-    return base, [x - loss + rng.gauss(0, 0.3) for x in base]  # per-document noise, mean loss `loss`
+    base, build = [], []
+    for _ in range(n):
+        a = float(rng.random() < 0.8)
+        r = rng.random()
+        b = 0.0 if a and r < p_flip_down else 1.0 if not a and r < p_flip_up else a
+        base.append(a)
+        build.append(b)
+    return base, build
 
 
 def test_same_quality_is_inconclusive_at_a_small_sample_and_passes_at_a_large_one():
-    small = decide(*_pair(30, 0.0), allowed_loss=0.02)
-    assert small.verdict == "INCONCLUSIVE" and small.n_to_decide > 30
-    large = decide(*_pair(20000, 0.0), allowed_loss=0.02)
-    assert large.verdict == "PASS" and large.lower >= -0.02
+    # a build that flips 5 % of answers each way: same accuracy on average, noisy on few documents
+    small = compare("acc", *_accuracy_pair(40, 0.05, 0.2), higher_is_better=True, threshold=0.98)
+    assert small.verdict == "INCONCLUSIVE"
+    assert small.n_to_decide is not None and small.n_to_decide > 40
+    large = compare("acc", *_accuracy_pair(20000, 0.05, 0.2), higher_is_better=True, threshold=0.98)
+    assert large.verdict == "PASS" and large.recovery[1] >= 0.98
+    lo, hi = large.recovery[1], large.recovery[2]
+    assert lo <= large.recovery[0] <= hi
+    assert large.mcnemar_p is not None and large.discordant[0] > 0 and large.discordant[1] > 0
 
 
-def test_a_clear_loss_fails_and_lower_is_better_flips_the_sign():
-    assert decide(*_pair(5000, 0.1), allowed_loss=0.02).verdict == "FAIL"
-    base = [2.0 + 0.01 * i for i in range(100)]
-    worse_ppl = [x + 0.5 for x in base]
-    assert decide(base, worse_ppl, allowed_loss=0.1, higher_is_better=False).verdict == "FAIL"
-    assert decide(base, [x - 0.5 for x in base], allowed_loss=0.1, higher_is_better=False).verdict == "PASS"
+def test_a_clear_loss_fails_with_a_significant_mcnemar():
+    c = compare("acc", *_accuracy_pair(3000, 0.2, 0.0), higher_is_better=True, threshold=0.97)
+    assert c.verdict == "FAIL" and c.recovery[2] < 0.97
+    assert c.difference[0] == pytest.approx(c.build - c.baseline)
+    assert c.discordant[1] == 0 and c.mcnemar_p < 1e-6
+
+
+def test_lower_is_better_metrics_use_baseline_over_build():
+    rng = random.Random(3)
+    base = [[-rng.uniform(800, 1200), 1000] for _ in range(200)]  # about 1.44 bits per byte
+    worse = [[ll * 1.10 + rng.gauss(0, 1), n] for ll, n in base]  # 10 % more bits on every document
+    c = compare("bits_per_byte", base, worse, higher_is_better=False, threshold=0.97)
+    assert c.build > c.baseline and c.recovery[0] == pytest.approx(c.baseline / c.build)
+    assert c.verdict == "FAIL" and c.mcnemar_p is None
+    same = compare("bits_per_byte", base, base, higher_is_better=False, threshold=0.97)
+    assert same.verdict == "PASS" and same.recovery == (1.0, 1.0, 1.0)
+
+
+def test_perplexity_rule_bounds_the_relative_perplexity_increase():
+    base = [[-1000.0 - 10 * (i % 7), 1000] for i in range(300)]
+    plus1pct = [[ll - 1000 * math.log(1.01), n] for ll, n in base]  # perplexity exactly 1 % higher
+    ok = compare("bits_per_byte", base, plus1pct, higher_is_better=False, rule="ppl_increase", threshold=0.02)
+    assert ok.verdict == "PASS" and ok.ppl_increase[0] == pytest.approx(0.01)
+    bad = compare("bits_per_byte", base, plus1pct, higher_is_better=False, rule="ppl_increase", threshold=0.005)
+    assert bad.verdict == "FAIL"
+    with pytest.raises(ValueError, match="log-likelihoods"):
+        compare("acc", [1.0], [1.0], higher_is_better=True, rule="ppl_increase", threshold=0.01)
+
+
+def test_bad_pairs_are_refused():
+    with pytest.raises(ValueError):
+        compare("acc", [1.0], [], higher_is_better=True)
+
+
+def test_samples_to_decide_scales_with_the_square_of_the_interval():
+    assert samples_to_decide(100, point=1.0, lower=0.96, upper=1.04, threshold=0.98) == 400
+    assert samples_to_decide(100, point=0.98, lower=0.9, upper=1.0, threshold=0.98) is None
+    assert samples_to_decide(100, point=1.0, lower=0.999, upper=1.001, threshold=0.98) == 101
