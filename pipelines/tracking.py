@@ -17,7 +17,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 TAG_MODEL, TAG_PRECISION = "qeval.model", "qeval.precision"
 TAG_SUPERSEDED = "qeval.superseded_by"
+TAG_KIND, KIND_SUMMARY = "qeval.kind", "summary"
+TAG_VERDICT, TAG_REASONS, TAG_CHOSEN = "qeval.gate.verdict", "qeval.gate.reasons", "qeval.gate.chosen"
+SHIP_ALIAS = "ship"
 _MAX_TAG = 5000  # MLflow's limit on a tag value is 8000 characters; keep errors well inside it.
 
 
@@ -42,6 +45,14 @@ def experiment_name(model: str) -> str:
 
 def run_name(model: str, precision: str) -> str:
     return f"{model}@{precision}"
+
+
+def summary_run_name(model: str) -> str:
+    return f"{model}: gate and report"
+
+
+def registered_model_name(model: str) -> str:
+    return f"qeval-{model}"
 
 
 def tracking_uri() -> str:
@@ -171,23 +182,30 @@ class Tracker:
 
     def build_run(self, precision: str, *, new: bool = False) -> str:
         """The id of the current run of build `<model>@<precision>`, created when missing or `new`."""
+        return self._current_run(TAG_PRECISION, precision, run_name(self.model, precision), new)
+
+    def summary_run(self, *, new: bool = False) -> str:
+        """The model's gate-and-report run (policy, decision, charts), beside the one run per build."""
+        return self._current_run(TAG_KIND, KIND_SUMMARY, summary_run_name(self.model), new)
+
+    def _current_run(self, tag: str, value: str, name: str, new: bool) -> str:
         with _store_lock(self.uri):
-            current = self.find_run(precision)
+            current = self._find_run(tag, value)
             if current is not None and not new:
                 return current
-            run = self.client.create_run(
-                self.experiment_id,
-                run_name=run_name(self.model, precision),
-                tags={TAG_MODEL: self.model, TAG_PRECISION: precision},
-            )
-            if current is not None:
+            run = self.client.create_run(self.experiment_id, run_name=name, tags={TAG_MODEL: self.model, tag: value})
+            if current is not None:  # kept, restorable, under the UI's "State: Deleted"
                 self.client.set_tag(current, TAG_SUPERSEDED, run.info.run_id)
+                self.client.delete_run(current)
             return run.info.run_id
 
     def find_run(self, precision: str) -> str | None:
+        return self._find_run(TAG_PRECISION, precision)
+
+    def _find_run(self, tag: str, value: str) -> str | None:
         runs = self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.`{TAG_PRECISION}` = '{precision}'",
+            filter_string=f"tags.`{tag}` = '{value}'",
             order_by=["attributes.start_time DESC"],
         )
         live = [r for r in runs if TAG_SUPERSEDED not in r.data.tags]
@@ -256,3 +274,90 @@ class Tracker:
         self.client.set_tag(run_id, stage_tag(stage), "failed")
         self.client.set_tag(run_id, f"{stage_tag(stage)}.error", error[:_MAX_TAG])
         self.client.set_terminated(run_id, "FAILED")
+
+    def tag_build(self, run_id: str, verdict: str, reasons: list[str], metrics: Mapping[str, float]) -> None:
+        """The gate's verdict on a build, its reasons one per line, and its headline figures (`gate/*`)."""
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and math.isfinite(v)],
+            tags=[
+                RunTag(TAG_VERDICT, verdict),
+                RunTag(TAG_REASONS, "\n".join(reasons)[:_MAX_TAG]),
+                RunTag(TAG_CHOSEN, "false"),  # register_ship() marks the one that ships
+            ],
+        )
+
+    def register_ship(self, run_id: str, source: str, why: str) -> dict[str, str]:
+        """Register the chosen build as a version of `qeval-<model>` and point alias `ship` at it.
+
+        A build registered before from the same run and checkpoint keeps its version.
+        """
+        from mlflow.exceptions import MlflowException
+
+        name = registered_model_name(self.model)
+        with _store_lock(self.uri):
+            try:
+                self.client.get_registered_model(name)
+            except MlflowException:
+                self.client.create_registered_model(
+                    name, tags={TAG_MODEL: self.model}, description=f"Builds of {self.model} that passed the qeval gate"
+                )
+            same = [v for v in self.client.search_model_versions(f"name='{name}'") if v.run_id == run_id]
+            same = [v for v in same if v.source == source]
+            version = same[0] if same else self.client.create_model_version(name, source, run_id=run_id)
+            self.client.set_registered_model_alias(name, SHIP_ALIAS, version.version)
+            self.client.update_model_version(name, version.version, description=f"Chosen by the gate: {why}")
+        self.client.set_tag(run_id, TAG_CHOSEN, "true")
+        return {"name": name, "version": str(version.version), "alias": SHIP_ALIAS, "source": source}
+
+    def clear_ship(self) -> None:
+        """No build passed: the alias `ship` must not keep pointing at an earlier decision."""
+        from mlflow.exceptions import MlflowException
+
+        with suppress(MlflowException):  # no registered model or no alias yet
+            self.client.delete_registered_model_alias(registered_model_name(self.model), SHIP_ALIAS)
+
+    def shipped(self) -> tuple[str, str] | None:
+        """(version, run id) the alias `ship` points at, if any."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            v = self.client.get_model_version_by_alias(registered_model_name(self.model), SHIP_ALIAS)
+        except MlflowException:
+            return None
+        return str(v.version), v.run_id
+
+    def log_summary(self, params: Mapping[str, object], file: Path, artifact_path: str, **tags: str) -> str:
+        """Log the gate's policy (params), a result file and tags to the model's summary run."""
+        flat = {f"gate.{k}": json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in params.items()}
+        run_id = self.summary_run()
+        existing = self.client.get_run(run_id).data.params
+        if any(k in existing and existing[k] != v for k, v in flat.items()):
+            run_id = self.summary_run(new=True)  # params are immutable: a changed policy starts a new run
+        from mlflow.entities import Param, RunTag
+
+        self.client.log_batch(
+            run_id,
+            params=[Param(k, v) for k, v in flat.items() if k not in existing],
+            tags=[RunTag(f"qeval.{k}", v) for k, v in tags.items()],
+        )
+        self.client.log_artifact(run_id, str(file), artifact_path=artifact_path)
+        self.client.set_terminated(run_id, "FINISHED")
+        return run_id
+
+    def log_report(
+        self, figures: Mapping[str, object], tables: Mapping[str, Mapping[str, list]], files: Iterable[Path]
+    ):
+        """Charts (matplotlib figures), tables and files of the report, on the model's summary run."""
+        run_id = self.summary_run()
+        for name, fig in figures.items():
+            self.client.log_figure(run_id, fig, f"report/{name}")
+        for name, table in tables.items():
+            self.client.log_table(run_id, data=dict(table), artifact_file=f"report/{name}")
+        for path in files:
+            self.client.log_artifact(run_id, str(path), artifact_path="report")
+        self.client.set_terminated(run_id, "FINISHED")
+        return run_id

@@ -84,7 +84,9 @@ def test_changed_params_start_a_new_run_that_carries_the_other_stages(workdir):
     second = run_stage(tracker, "bf16", "x", {"k": 2}, CODE, Changed(2.0))
     assert second.run_id != other.run_id
     client = MlflowClient(tracking_uri())
-    assert client.get_run(other.run_id).data.tags["qeval.superseded_by"] == second.run_id
+    old = client.get_run(other.run_id)
+    assert old.data.tags["qeval.superseded_by"] == second.run_id
+    assert old.info.lifecycle_stage == "deleted"  # out of the runs table, restorable
     data = client.get_run(second.run_id).data
     assert data.params["x.setting"] == "b"
     assert data.metrics["x/value"] == 2.0 and data.metrics["y/value"] == 5.0
