@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -91,14 +91,33 @@ class Speed(_Strict):
 
 
 class Gate(_Strict):
-    """The policy that decides which quantized build ships."""
+    """The policy that decides which quantized build ships (pipelines/gate.py applies it).
+
+    A build passes when every task passes its quality rule at `confidence`, and the speed and memory
+    rules pass. Among passing builds the fastest at `speed_batch` ships (`prefer: speed`; speeds within
+    `tie_tolerance` count as equal and go to the smaller weights), or the smallest (`prefer: memory`;
+    ties to the faster).
+    """
 
     baseline: str = Field("bf16", description="precision every build is compared with")
     min_recovery: float = Field(0.99, gt=0, le=1.5, description="quantized / baseline score, at least")
     task_min_recovery: dict[str, float] = Field({}, description="per-task overrides of min_recovery")
+    max_ppl_increase: float | None = Field(
+        None, gt=0, description="perplexity tasks: relative perplexity increase allowed instead of min_recovery"
+    )
+    task_metric: dict[str, str] = Field(
+        {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
-    min_speedup: float = Field(1.0, gt=0, description="decode speed-up over the baseline, at least")
-    memory_budget_gb: float | None = Field(None, gt=0, description="peak memory allowed, GB")
+    speed_batch: PositiveInt = Field(
+        1, description="engine batch size (from speed.batch_sizes) that speed is judged at"
+    )
+    min_speedup: float | None = Field(
+        1.0, gt=0, description="decode speed-up over the baseline at speed_batch, at least (null: not gated)"
+    )
+    memory_budget_gb: float | None = Field(None, gt=0, description="peak memory at speed_batch allowed, GB")
+    prefer: Literal["speed", "memory"] = Field("speed", description="how to choose among passing builds")
+    tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
 
 
 class ModelCard(_Strict):
@@ -129,6 +148,13 @@ class ModelCard(_Strict):
         unknown = set(self.gate.task_min_recovery) - set(self.accuracy.tasks)
         if unknown:
             raise ValueError(f"gate.task_min_recovery names tasks not in accuracy.tasks: {sorted(unknown)}")
+        unknown = set(self.gate.task_metric) - set(self.accuracy.tasks)
+        if unknown:
+            raise ValueError(f"gate.task_metric names tasks not in accuracy.tasks: {sorted(unknown)}")
+        if self.gate.speed_batch not in self.speed.batch_sizes:
+            raise ValueError(
+                f"gate.speed_batch {self.gate.speed_batch} is not among speed.batch_sizes {self.speed.batch_sizes}"
+            )
         return self
 
     def require_precision(self, precision: str) -> None:

@@ -101,3 +101,17 @@ def builds(small_root):
         card = load_card("ref-small")
         tracker = Tracker(card.name)
         return {p: quantize(card, p, tracker) for p in card.precisions}
+
+
+@pytest.fixture
+def measured_small(small_card, builds):
+    """Every build of `ref-small` evaluated and benchmarked (stages already done are skipped)."""
+    from pipelines.bench import bench
+    from pipelines.evaluate import evaluate
+
+    tracker = Tracker(small_card.name)
+    order = [small_card.gate.baseline, *(p for p in small_card.precisions if p != small_card.gate.baseline)]
+    for stage in (evaluate, bench):
+        for p in order:
+            stage(small_card, p, tracker)
+    return small_card

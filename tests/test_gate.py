@@ -1,0 +1,160 @@
+"""The gate's policy as pure functions, then applied for real to the small builds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, env_with, last_json_line
+from eval.stats import compare
+from pipelines.cards import Gate
+from pipelines.gate import (
+    FAIL,
+    INCONCLUSIVE,
+    NOT_GATED,
+    PASS,
+    BuildVerdict,
+    Measured,
+    choose,
+    combine,
+    leaves,
+    memory_rule,
+    speed_rule,
+    task_rule,
+    task_threshold,
+)
+from pipelines.report import pareto
+
+
+def _build(name: str, verdict: str, tps: float, weights: float) -> BuildVerdict:
+    return BuildVerdict(name, verdict, [], {}, Measured(tps, weights + 1, weights, "native"), None)
+
+
+def test_a_build_passes_only_when_every_rule_passes():
+    assert combine([PASS, PASS, NOT_GATED]) == PASS
+    assert combine([PASS, INCONCLUSIVE, NOT_GATED]) == INCONCLUSIVE
+    assert combine([INCONCLUSIVE, FAIL, PASS]) == FAIL
+
+
+def test_choose_fastest_with_ties_to_smaller_weights():
+    builds = [
+        _build("fp8", PASS, 100, 8.0),
+        _build("awq", PASS, 98, 5.0),  # within 3 % of the fastest, and smaller: ships
+        _build("int8", PASS, 90, 8.0),
+        _build("gptq", FAIL, 200, 4.0),  # fastest and smallest, but failed
+    ]
+    chosen, why = choose(builds, "speed", 0.03)
+    assert chosen == "awq" and "within 3%" in why and "fp8" in why
+    assert choose(builds, "speed", 0.0)[0] == "fp8"
+    assert choose(builds, "memory", 0.03)[0] == "awq"
+    assert choose([_build("a", PASS, 90, 5.0), _build("b", PASS, 99, 5.1)], "memory", 0.03)[0] == "b"
+    assert choose([_build("a", INCONCLUSIVE, 90, 5.0), _build("b", FAIL, 99, 5.1)], "speed", 0.03)[0] is None
+
+
+def test_speed_rule():
+    base = Measured(100.0, 2.0, 16.0, "native")
+    fast = Measured(150.0, 1.2, 8.0, "native")
+    rule, up = speed_rule(Gate(min_speedup=1.2), fast, base, byte_ratio=2.0)
+    assert rule.verdict == PASS and up == pytest.approx(1.5)
+    assert speed_rule(Gate(min_speedup=1.6), fast, base, 2.0)[0].verdict == FAIL
+    suspect = speed_rule(Gate(min_speedup=1.2), Measured(300.0, 1.2, 8.0, "native"), base, byte_ratio=2.0)[0]
+    assert suspect.verdict == INCONCLUSIVE and "suspect" in suspect.reason  # 3x from half the bytes
+    slow = Measured(40.0, 1.2, 8.0, "emulated (weights dequantized to bfloat16)")
+    rule = speed_rule(Gate(min_speedup=None), slow, base, 2.0)[0]
+    assert rule.verdict == NOT_GATED and "0.40x" in rule.reason and "emulated" in rule.reason
+
+
+def test_memory_rule():
+    m = Measured(100.0, 1.5, 1.0, "native")
+    assert memory_rule(Gate(memory_budget_gb=2), m).verdict == PASS
+    assert memory_rule(Gate(memory_budget_gb=1), m).verdict == FAIL
+    assert memory_rule(Gate(), m).verdict == NOT_GATED
+
+
+def test_task_thresholds_and_reasons():
+    policy = Gate(min_recovery=0.98, task_min_recovery={"gsm8k": 0.95}, max_ppl_increase=0.02)
+    assert task_threshold(policy, "gsm8k", likelihood=False) == ("recovery", 0.95)
+    assert task_threshold(policy, "arc", likelihood=False) == ("recovery", 0.98)
+    assert task_threshold(policy, "wikitext", likelihood=True) == ("ppl_increase", 0.02)
+    assert task_threshold(Gate(), "wikitext", likelihood=True) == ("recovery", 0.99)
+    unsure = compare("acc", [1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], higher_is_better=True, threshold=0.98)
+    reason = task_rule("arc", unsure).reason
+    assert reason.startswith("arc: acc recovery 1.0000 [") and "documents would decide" in reason
+
+
+def test_group_tasks_pool_their_subtasks():
+    groups = {"mmlu": ["mmlu_stem", "mmlu_other"], "mmlu_stem": ["mmlu_physics", "mmlu_math"]}
+    assert leaves("mmlu", groups) == ["mmlu_physics", "mmlu_math", "mmlu_other"]
+    assert leaves("arc_easy", groups) == ["arc_easy"]
+
+
+def test_pareto_frontier():
+    pts = [("bf16", 100, 1.0), ("fp8", 180, 0.995), ("int8", 170, 0.99), ("awq", 250, 0.97)]
+    assert pareto(pts) == ["bf16", "fp8", "awq"]
+
+
+# ---- for real, on the small builds ---------------------------------------------------------------
+
+
+def _gate_cli(small_root, *args: str) -> subprocess.CompletedProcess:
+    env = env_with(QEVAL_WORKDIR=str(small_root), QEVAL_CARDS_DIR=str(small_root / "cards"))
+    cmd = [sys.executable, "-m", "pipelines", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _with_policy(small_root, **policy) -> None:
+    """Rewrite the small card's gate section (the same card name keeps the same artifacts)."""
+    path = small_root / "cards" / "ref-small.yaml"
+    text = path.read_text()
+    head = text[: text.index("gate:")]
+    path.write_text(head + "gate:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in policy.items()))
+
+
+@pytest.mark.slow
+def test_gate_ships_a_build_and_registers_it(small_root, measured_small):
+    from mlflow.tracking import MlflowClient
+
+    original = (small_root / "cards" / "ref-small.yaml").read_text()
+    try:
+        # a lenient policy: every quantized build of the same model passes on a handful of documents
+        _with_policy(small_root, baseline="bf16", min_recovery=0.5, min_speedup=None, prefer="memory")
+        done = _gate_cli(small_root, "gate", "--model", "ref-small", "--json")
+        assert done.returncode == 0, done.stderr[-2000:]
+        decision = last_json_line(done.stdout)["gate"]
+        verdicts = {b["precision"]: b["verdict"] for b in decision["builds"]}
+        assert set(verdicts) == {"fp8", "int8", "awq", "gptq"}
+        assert decision["chosen"] in {p for p, v in verdicts.items() if v == PASS}
+        assert decision["chosen"] in {"awq", "gptq"}  # 4-bit builds are the smallest
+        on_disk = json.loads((small_root / "artifacts/ref-small/gate.json").read_text())
+        assert on_disk["chosen"] == decision["chosen"]
+
+        client = MlflowClient(f"sqlite:///{small_root / 'mlruns/mlflow.db'}")
+        version = client.get_model_version_by_alias("qeval-ref-small", "ship")
+        run = client.get_run(version.run_id)
+        assert run.data.tags["qeval.precision"] == decision["chosen"]
+        assert run.data.tags["qeval.gate.verdict"] == PASS
+        assert "refkjv_ppl: bits_per_byte recovery" in run.data.tags["qeval.gate.reasons"]
+
+        # a strict speed rule no emulated build can meet: nothing ships, exit 1, the alias is gone
+        _with_policy(small_root, baseline="bf16", min_recovery=0.5, min_speedup=50)
+        strict = _gate_cli(small_root, "gate", "--model", "ref-small", "--json")
+        assert strict.returncode == 1, strict.stderr[-2000:]
+        assert "nothing ships" in strict.stderr
+        assert {b["verdict"] for b in last_json_line(strict.stdout)["gate"]["builds"]} == {FAIL}
+        assert json.loads((small_root / "artifacts/ref-small/gate.json").read_text())["chosen"] is None
+        with pytest.raises(Exception, match="ship"):
+            client.get_model_version_by_alias("qeval-ref-small", "ship")
+    finally:
+        (small_root / "cards" / "ref-small.yaml").write_text(original)
+
+
+def test_gate_without_measurements_is_a_one_line_error(tmp_path):
+    env = env_with(QEVAL_WORKDIR=str(tmp_path))
+    cmd = [sys.executable, "-m", "pipelines", "gate", "--model", "ref-lm"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "no finished evaluate stage" in done.stderr and "qeval evaluate --model ref-lm" in done.stderr
