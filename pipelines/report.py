@@ -1,0 +1,251 @@
+"""The report: the speed-versus-quality picture per precision, as files and in MLflow.
+
+reports/<model>/ gets quality_vs_speed.png (one point per build, Pareto frontier marked),
+speed_vs_batch.png, memory.png and report.md (the gate table, how each figure was measured). The same
+charts and the table go to the model's summary run in MLflow (`log_figure`, `log_table`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no screen
+import matplotlib.pyplot as plt
+
+from pipelines.cards import ModelCard
+from pipelines.gate import BASELINE, FAIL, INCONCLUSIVE, PASS, Decision
+from pipelines.paths import workdir
+from pipelines.stages import read_manifest, stage_dir
+from pipelines.tracking import Tracker
+
+COLOURS = {PASS: "#2a9d3f", FAIL: "#c8372d", INCONCLUSIVE: "#e6a117", BASELINE: "#555555"}
+
+
+def reports_dir(model: str) -> Path:
+    return workdir() / "reports" / model
+
+
+def pareto(points: list[tuple[str, float, float]]) -> list[str]:
+    """Names of the points no other point beats on both axes (x and y, higher is better)."""
+    front = []
+    for name, x, y in points:
+        if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for _, x2, y2 in points):
+            front.append(name)
+    return front
+
+
+def worst_task(build) -> tuple[str, tuple[float, float, float]]:
+    """The task with the lowest recovery, and its interval."""
+    task = min(build.tasks, key=lambda t: build.tasks[t].recovery[0])
+    return task, build.tasks[task].recovery
+
+
+def _bench(card: ModelCard, precision: str) -> dict[str, Any]:
+    return read_manifest(stage_dir(card.name, precision, "bench")) or {}
+
+
+def _how(card: ModelCard) -> str:
+    base = _bench(card, card.gate.baseline)
+    p = base.get("params", {})
+    return (
+        f"{p.get('engine.engine', '?')} on {p.get('engine.device', '?')}, input {p.get('engine.input_len')} / "
+        f"output {p.get('engine.output_len')} tokens, median of {p.get('engine.repeats')} runs"
+    )
+
+
+def quality_vs_speed(card: ModelCard, decision: Decision):
+    policy = card.gate
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    points = [(policy.baseline, decision.baseline.decode_tps, 1.0)]
+    ax.scatter([decision.baseline.decode_tps], [1.0], s=70, color=COLOURS[BASELINE], zorder=3)
+    ax.annotate(f"{policy.baseline} (baseline)", (decision.baseline.decode_tps, 1.0), textcoords="offset points",
+                xytext=(6, 6), fontsize=9)  # fmt: skip
+    by_speed = sorted(decision.builds, key=lambda b: b.speed.decode_tps)
+    for i, b in enumerate(by_speed):
+        task, (rec, lo, hi) = worst_task(b)
+        x = b.speed.decode_tps
+        points.append((b.precision, x, rec))
+        ax.errorbar([x], [rec], yerr=[[rec - lo], [hi - rec]], fmt="o", ms=8, capsize=4,
+                    color=COLOURS[b.verdict], zorder=3)  # fmt: skip
+        label = f"{b.precision}: {b.verdict}" + (" - ships" if b.precision == decision.chosen else "")
+        label += f"\n(worst: {task})"
+        # alternate above and below, so that neighbours' labels do not overlap
+        ax.annotate(label, (x, rec), textcoords="offset points", xytext=(7, 8 if i % 2 else -24), fontsize=8.5)
+    front = sorted((p for p in points if p[0] in pareto(points)), key=lambda p: p[1])
+    ax.scatter([p[1] for p in front], [p[2] for p in front], s=240, facecolors="none", edgecolors="#333333",
+               linewidths=1, zorder=2, label="Pareto frontier (nothing beats it on both axes)")  # fmt: skip
+    ax.plot([p[1] for p in front], [p[2] for p in front], "--", color="#888888", lw=1)
+    ax.axhline(policy.min_recovery, color=COLOURS[FAIL], lw=0.8, ls=":", label=f"min recovery {policy.min_recovery:g}")
+    kernels = {b.speed.kernels for b in decision.builds}
+    emulated = any(k.startswith("emulated") for k in kernels)
+    ax.set_xlabel(f"decode tokens/s per user at batch {policy.speed_batch}" + (" (quantized: emulated)" * emulated))
+    ax.set_ylabel(f"recovery, worst task ({policy.confidence:.0%} paired bootstrap interval)")
+    ax.set_title(f"{card.name}: quality against speed per precision", fontsize=11)
+    ax.text(0.0, -0.16, _how(card), transform=ax.transAxes, fontsize=8, color="#555555")
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def speed_vs_batch(card: ModelCard):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for precision in card.precisions:
+        series = _bench(card, precision).get("series", {})
+        for ax, name in ((left, "engine/total_tps"), (right, "engine/ttft_ms")):
+            pts = sorted((int(b), v) for b, v in series.get(name, []))
+            if pts:
+                ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=precision)
+    left.set_ylabel("decode tokens/s, all users")
+    right.set_ylabel("time to first token, ms (median)")
+    for ax in (left, right):
+        ax.set_xlabel("batch size")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(card.speed.batch_sizes, [str(b) for b in card.speed.batch_sizes])
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    fig.suptitle(f"{card.name}: speed against batch size ({_how(card)})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def memory_breakdown(card: ModelCard):
+    b = card.gate.speed_batch
+    context = card.speed.input_lengths[0] + card.speed.output_lengths[0]
+    rows = []
+    for precision in card.precisions:
+        m = _bench(card, precision)
+        if not m:
+            continue
+        weights = m["metrics"]["mem/weights_gb"]
+        kv = m["metrics"]["mem/kv_bytes_per_token"] * b * context / 1e9
+        peak = dict((int(x), v) for x, v in m["series"].get("mem/peak_gb", [])).get(b)
+        rows.append((precision, weights, kv, max(0.0, (peak or 0) - weights - kv), m["summary"].get("memory", "")))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 2.2))
+    names = [r[0] for r in rows]
+    left = [0.0] * len(rows)
+    for i, (part, colour) in enumerate((("weights", "#3b6ea5"), ("KV cache", "#7fb3d5"), ("rest of peak", "#d5d8dc"))):
+        values = [r[1 + i] for r in rows]
+        ax.barh(names, values, left=left, color=colour, label=part)
+        left = [a + v for a, v in zip(left, values, strict=True)]
+    for y, (_, weights, kv, _, _) in enumerate(rows):
+        ax.text(left[y], y, f"  weights {weights * 1e3:.4g} MB, KV {kv * 1e3:.3g} MB, peak {left[y]:.3g} GB",
+                va="center", fontsize=8)  # fmt: skip
+    ax.set_xlim(0, max(left, default=1) * 1.6)
+    ax.set_xlabel(f"GB at batch {b}, {context} tokens of context")
+    ax.set_title(f"{card.name}: memory per precision", fontsize=11, pad=24)
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
+    if rows:
+        fig.text(0.01, 0.01, f"peak: {rows[0][4]}", fontsize=8, color="#555555")
+    ax.invert_yaxis()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
+def table(card: ModelCard, decision: Decision) -> dict[str, list]:
+    """The gate table, one row per build, as columns (for MLflow's log_table and the Markdown file)."""
+    cols: dict[str, list] = {"build": [], "verdict": []}
+    for task in card.accuracy.tasks:
+        cols[f"{task} recovery [interval]"] = []
+    cols |= {"decode tok/s per user": [], "speed-up": [], "weights GB": [], "peak GB": [], "kernels": []}
+    base = decision.baseline
+    rows = [(card.gate.baseline, BASELINE, None, base, 1.0)] + [
+        (b.precision, b.verdict + (" (ships)" if b.precision == decision.chosen else ""), b, b.speed, b.speedup)
+        for b in decision.builds
+    ]
+    for precision, verdict, b, speed, up in rows:
+        cols["build"].append(precision)
+        cols["verdict"].append(verdict)
+        for task in card.accuracy.tasks:
+            c = b.tasks[task] if b else None
+            cols[f"{task} recovery [interval]"].append(
+                f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {c.verdict}" if c else "1"
+            )
+        cols["decode tok/s per user"].append(f"{speed.decode_tps:.4g}")
+        cols["speed-up"].append(f"{up:.2f}x" if up is not None else "")
+        cols["weights GB"].append(f"{speed.weights_gb:.4g}")
+        cols["peak GB"].append(f"{speed.peak_gb:.4g}")
+        cols["kernels"].append(speed.kernels)
+    return cols
+
+
+def policy_text(card: ModelCard) -> str:
+    g = card.gate
+    parts = [f"baseline {g.baseline}", f"every task's recovery at least {g.min_recovery:g} over the whole "
+             f"{g.confidence:.0%} paired interval"]  # fmt: skip
+    if g.task_min_recovery:
+        parts.append("per task: " + ", ".join(f"{t} {v:g}" for t, v in g.task_min_recovery.items()))
+    if g.max_ppl_increase is not None:
+        parts.append(f"perplexity tasks: perplexity up by at most {g.max_ppl_increase:.2%}")
+    speed = f"at least {g.min_speedup:g}x" if g.min_speedup is not None else "not gated"
+    parts.append(f"decode speed-up at batch {g.speed_batch}: {speed}")
+    parts.append(f"memory budget: {f'{g.memory_budget_gb:g} GB' if g.memory_budget_gb else 'none'}")
+    parts.append(f"prefer {g.prefer} (ties within {g.tie_tolerance:.0%})")
+    return "; ".join(parts)
+
+
+def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts: list[str]) -> str:
+    names = list(cols)
+    lines = [
+        f"# {card.name}: which build ships",
+        "",
+        f"**Decision:** {decision.chosen or 'nothing ships'} ({decision.why}).",
+        "",
+        "Policy (model card `gate:`): " + policy_text(card) + ".",
+        "",
+        "| " + " | ".join(names) + " |",
+        "|" + "---|" * len(names),
+    ]
+    for i in range(len(cols["build"])):
+        lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
+    lines += ["", "## Reasons", ""]
+    for b in decision.builds:
+        lines.append(f"- **{b.precision}: {b.verdict}**")
+        lines += [f"  - {r}" for r in b.reasons]
+    lines += [
+        "",
+        "## How these were measured",
+        "",
+        f"- Speed: {_how(card)}; decode tokens/s per user = 1 / median time per output token.",
+        "- Recovery: quantized score / baseline score (baseline / quantized for lower-is-better metrics), "
+        "with a paired bootstrap over the same documents (2,000 resamples); for 0/1 outcomes the exact "
+        "McNemar p-value is in gate.json.",
+        "- Quantized builds on a CPU run emulated kernels (weights dequantized to compute): their speed says "
+        "nothing about a GPU with native kernels.",
+        "",
+        *[f"![{c}]({c})" for c in charts],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _save_fig(fig, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
+    """Write the charts and the table to reports/<model>/ and log them to MLflow."""
+    out = reports_dir(card.name)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "quality_vs_speed.png": quality_vs_speed(card, decision),
+        "speed_vs_batch.png": speed_vs_batch(card),
+        "memory.png": memory_breakdown(card),
+    }
+    cols = table(card, decision)
+    for name, fig in figures.items():
+        _save_fig(fig, out / name)
+    md = out / "report.md"
+    tmp = md.with_name(f".report.md.tmp-{os.getpid()}")
+    tmp.write_text(markdown(card, decision, cols, list(figures)))
+    os.replace(tmp, md)
+    tracker.log_report(figures, {"gate_table.json": cols}, [md])
+    for fig in figures.values():
+        plt.close(fig)
+    return [out / name for name in figures] + [md]
