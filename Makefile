@@ -13,7 +13,7 @@ MODELS    := $(patsubst pipelines/models/%.yaml,%,$(wildcard pipelines/models/*.
 # pulls a multi-GB CUDA build (see README, "Set-up").
 TORCH     := torch==2.13.0
 
-.PHONY: run test test-fast lint models all quantize evaluate bench ui quality venv clean-venv
+.PHONY: run test test-fast lint models all quantize evaluate bench gate report ui quality venv browser clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -45,13 +45,23 @@ evaluate: $(STAMP)
 	@if [ -z "$(PRECISIONS)" ]; then $(QEVAL) evaluate --model $(MODEL); \
 	else for p in $(PRECISIONS); do $(QEVAL) evaluate --model $(MODEL) --precision $$p || exit $$?; done; fi
 
+gate: $(STAMP)
+	$(QEVAL) gate --model $(MODEL)
+
+report: $(STAMP)
+	$(QEVAL) report --model $(MODEL)
+
 models: $(STAMP)
 	$(QEVAL) models
 
 ui: $(STAMP)
 	$(QEVAL) ui
 
-test: $(STAMP)
+# The browser test drives Debian's chromium (installed here when missing, with apt-get).
+browser:
+	@scripts/install-chromium.sh
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

@@ -188,14 +188,69 @@ def bench(
     _run_builds(model, precision, default, run_bench, as_json, force=force, no_weights=no_weights)
 
 
+def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
+    """Print the gate's table and decision; exit 1 when nothing ships."""
+    table = Table(title=f"gate: {decision.model} (baseline {decision.policy['baseline']})")
+    for col in ("build", "verdict", "rules"):
+        table.add_column(col)
+    for b in decision.builds:
+        colour = {"PASS": "green", "FAIL": "red"}.get(b.verdict, "yellow")
+        table.add_row(b.precision, f"[{colour}]{b.verdict}[/{colour}]", "\n".join(b.reasons))
+    out.print(table)
+    if decision.chosen:
+        reg = decision.registered
+        out.print(f"ships: {decision.chosen} ({decision.why}); registered as {reg.get('name')} "
+                  f"version {reg.get('version')}, alias '{reg.get('alias')}'", highlight=False)  # fmt: skip
+    else:
+        err.print(f"qeval: nothing ships for {decision.model}: {decision.why}", highlight=False)
+    _emit_json({**(extra or {}), "gate": decision.as_json()}, as_json)
+    if not decision.chosen:
+        raise typer.Exit(1)
+
+
 @app.command()
 @_guarded
 def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = False) -> None:
-    """Every stage of the pipeline for one model card."""
+    """Every stage of the pipeline for one model card, then the gate and the report.
+
+    Exit status 1 when no quantized build passes the gate.
+    """
     from pipelines.pipeline import run_pipeline
 
     card = cards_mod.load_card(model)
-    _report(model, run_pipeline(card, _tracker(model), force=force), as_json)
+    result = run_pipeline(card, _tracker(model), force=force)
+    out.print(_records_table(result.records))
+    out.print(f"report: {result.report_files[-1]}", highlight=False)
+    extra = {
+        "model": model,
+        "stages": [r.as_json() for r in result.records],
+        "report": [str(p) for p in result.report_files],
+    }
+    _gate_outcome(result.decision, as_json, extra)
+
+
+@app.command()
+@_guarded
+def gate(model: ModelOpt, as_json: JsonOpt = False) -> None:
+    """Decide which quantized build ships, under the card's gate policy (exit 1: none passes)."""
+    from pipelines.gate import gate as run_gate
+
+    card = cards_mod.load_card(model)
+    _gate_outcome(run_gate(card, _tracker(model)), as_json)
+
+
+@app.command()
+@_guarded
+def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
+    """Charts and a table of speed against quality per precision, to reports/<model>/ and MLflow."""
+    from pipelines.gate import decide
+    from pipelines.report import report as write_report
+
+    card = cards_mod.load_card(model)
+    files = write_report(card, decide(card), _tracker(model))
+    for f in files:
+        out.print(str(f), highlight=False)
+    _emit_json({"model": model, "report": [str(f) for f in files]}, as_json)
 
 
 @app.command()
