@@ -1,0 +1,156 @@
+"""Server-benchmark metrics from raw per-request timestamps (pure functions).
+
+Definitions follow `vllm bench serve`: TTFT is request start to the first streamed token; ITL the
+gaps between streamed tokens; TPOT (e2e - TTFT) / (output tokens - 1) per request; throughput counts
+what finished inside the level's wall time, from the first request's start to the last one's end.
+Goodput counts the requests that met every latency objective on their own; a concurrency level meets
+the objective when the 95th percentiles of TTFT and TPOT are within it and no request failed.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from eval.speed import percentile
+
+QUANTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request of a sweep; times in seconds on one monotonic clock."""
+
+    concurrency: int
+    index: int
+    start: float
+    end: float
+    ok: bool
+    first_token: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    token_times: tuple[float, ...] = field(default=())  # arrival of each chunk that carried text
+    error: str = ""
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first_token is None or self.output_tokens < 2:
+            return None
+        return (self.end - self.first_token) / (self.output_tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in itertools.pairwise(t)]
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_ms: float
+    tpot_ms: float
+
+
+def _ms(values: Iterable[float | None]) -> list[float]:
+    return [1000 * v for v in values if v is not None]
+
+
+def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> dict[str, float]:
+    """Metrics of one concurrency level (all its measured requests)."""
+    ok = [r for r in records if r.ok]
+    out: dict[str, float] = {"requests": len(records), "failed": len(records) - len(ok)}
+    if not ok:
+        return out | {"meets_slo": 0.0, "goodput": 0.0, "slo_attainment": 0.0}
+    span = max(r.end for r in records) - min(r.start for r in records)
+    series = {
+        "ttft_ms": _ms(r.ttft for r in ok),
+        "tpot_ms": _ms(r.tpot for r in ok),
+        "itl_ms": _ms(g for r in ok for g in r.itls),
+        "e2e_ms": _ms(r.e2e for r in ok),
+    }
+    for name, values in series.items():
+        for q in QUANTILES:
+            if values:
+                out[f"{name}_p{q}"] = percentile(values, q)
+    good = [
+        r
+        for r in ok
+        if r.ttft is not None and 1000 * r.ttft <= slo.ttft_ms and (r.tpot is None or 1000 * r.tpot <= slo.tpot_ms)
+    ]
+    tokens = sum(r.output_tokens for r in ok)
+    out |= {
+        "duration_s": span,
+        "request_tps": len(ok) / span if span > 0 else 0.0,
+        "output_tps": tokens / span if span > 0 else 0.0,
+        "output_tps_per_user": 1000 / out["tpot_ms_p50"] if out.get("tpot_ms_p50") else 0.0,
+        "goodput": len(good) / span if span > 0 else 0.0,
+        "slo_attainment": len(good) / len(records),
+    }
+    meets = (
+        out["failed"] == 0
+        and out.get("ttft_ms_p95", float("inf")) <= slo.ttft_ms
+        and out.get("tpot_ms_p95", 0.0) <= slo.tpot_ms
+    )
+    out["meets_slo"] = float(meets)
+    return out
+
+
+def sweep_metrics(records: Sequence[RequestRecord], slo: Slo) -> dict[int, dict[str, float]]:
+    """level_metrics per concurrency level, in increasing concurrency."""
+    levels = sorted({r.concurrency for r in records})
+    return {c: level_metrics([r for r in records if r.concurrency == c], slo) for c in levels}
+
+
+def max_users_at_slo(per_level: dict[int, dict[str, float]]) -> int:
+    """The largest concurrency that met the objective, with every lower level meeting it too (0: none)."""
+    best = 0
+    for c in sorted(per_level):
+        if not per_level[c].get("meets_slo"):
+            break
+        best = c
+    return best
+
+
+_COLUMNS = [f.name for f in fields(RequestRecord)]
+
+
+def write_csv(records: Iterable[RequestRecord], path: Path) -> None:
+    """The raw per-request timestamps, one row per request (token times joined by spaces)."""
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=_COLUMNS)
+        w.writeheader()
+        for r in records:
+            row = asdict(r)
+            row["token_times"] = " ".join(f"{t:.6f}" for t in r.token_times)
+            w.writerow(row)
+
+
+def read_csv(path: Path) -> list[RequestRecord]:
+    out = []
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            out.append(
+                RequestRecord(
+                    concurrency=int(row["concurrency"]),
+                    index=int(row["index"]),
+                    start=float(row["start"]),
+                    end=float(row["end"]),
+                    ok=row["ok"] == "True",
+                    first_token=float(row["first_token"]) if row["first_token"] else None,
+                    output_tokens=int(row["output_tokens"]),
+                    prompt_tokens=int(row["prompt_tokens"]) if row["prompt_tokens"] else None,
+                    token_times=tuple(float(t) for t in row["token_times"].split()),
+                    error=row["error"],
+                )
+            )
+    return out

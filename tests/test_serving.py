@@ -1,0 +1,67 @@
+"""Server-benchmark metrics on hand-made timestamp traces with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from eval.serving import RequestRecord, Slo, level_metrics, max_users_at_slo, read_csv, sweep_metrics, write_csv
+
+
+def _request(c: int, i: int, start: float, ttft: float, gap: float, tokens: int) -> RequestRecord:
+    """A request whose first token comes `ttft` s after `start`, then one token every `gap` s."""
+    times = tuple(start + ttft + k * gap for k in range(tokens))
+    return RequestRecord(c, i, start, times[-1], True, times[0], tokens, 8, times)
+
+
+def test_one_request_by_hand():
+    r = _request(1, 0, start=10.0, ttft=0.2, gap=0.05, tokens=5)  # tokens at 10.2, .25, .30, .35, .40
+    assert r.ttft == pytest.approx(0.2) and r.e2e == pytest.approx(0.4)
+    assert r.tpot == pytest.approx(0.05) and r.itls == pytest.approx([0.05] * 4)
+
+
+def test_level_metrics_throughput_goodput_and_percentiles():
+    slo = Slo(ttft_ms=300, tpot_ms=60)
+    reqs = [
+        _request(2, 0, 0.0, 0.1, 0.05, 11),  # ends at 0.6; meets both objectives
+        _request(2, 1, 0.0, 0.4, 0.05, 11),  # TTFT 400 ms: misses
+        _request(2, 2, 0.6, 0.1, 0.10, 11),  # TPOT 100 ms: misses; ends at 1.7
+        _request(2, 3, 0.9, 0.1, 0.05, 11),  # ends at 1.5; meets
+    ]
+    m = level_metrics(reqs, slo)
+    assert m["requests"] == 4 and m["failed"] == 0
+    assert m["duration_s"] == pytest.approx(1.7)
+    assert m["request_tps"] == pytest.approx(4 / 1.7) and m["output_tps"] == pytest.approx(44 / 1.7)
+    assert m["goodput"] == pytest.approx(2 / 1.7) and m["slo_attainment"] == 0.5
+    assert m["ttft_ms_p50"] == pytest.approx(100) and m["ttft_ms_p99"] == pytest.approx(400 - 0.03 * 300)
+    assert m["tpot_ms_p50"] == pytest.approx(50) and m["itl_ms_p50"] == pytest.approx(50)
+    assert m["output_tps_per_user"] == pytest.approx(20)
+    assert m["meets_slo"] == 0.0  # p95 TTFT 391 ms > 300 ms
+
+
+def test_a_failed_request_is_counted_and_fails_the_level():
+    slo = Slo(ttft_ms=1000, tpot_ms=1000)
+    ok = [_request(1, i, i * 1.0, 0.1, 0.01, 4) for i in range(3)]
+    assert level_metrics(ok, slo)["meets_slo"] == 1.0
+    failed = RequestRecord(1, 3, 3.0, 3.5, False, error="timeout")
+    m = level_metrics([*ok, failed], slo)
+    assert m["failed"] == 1 and m["requests"] == 4 and m["meets_slo"] == 0.0
+    assert m["slo_attainment"] == 0.75
+    assert level_metrics([failed], slo) == {"requests": 1, "failed": 1, "meets_slo": 0.0, "goodput": 0.0,
+                                            "slo_attainment": 0.0}  # fmt: skip
+
+
+def test_max_users_is_the_largest_level_with_every_lower_level_meeting_the_slo():
+    assert max_users_at_slo({1: {"meets_slo": 1.0}, 2: {"meets_slo": 1.0}, 4: {"meets_slo": 0.0}}) == 2
+    assert max_users_at_slo({1: {"meets_slo": 0.0}, 2: {"meets_slo": 1.0}}) == 0
+    slo = Slo(ttft_ms=150, tpot_ms=60)
+    sweep = [_request(1, 0, 0, 0.1, 0.05, 4), _request(2, 0, 5, 0.1, 0.05, 4), _request(2, 1, 5, 0.2, 0.05, 4)]
+    per_level = sweep_metrics(sweep, slo)
+    assert list(per_level) == [1, 2] and max_users_at_slo(per_level) == 1
+
+
+def test_records_survive_the_csv(tmp_path):
+    reqs = [_request(2, 0, 0.0, 0.1, 0.05, 3), RequestRecord(2, 1, 0.0, 1.0, False, error="HTTP 500: boom")]
+    write_csv(reqs, tmp_path / "r.csv")
+    back = read_csv(tmp_path / "r.csv")
+    assert back[1] == reqs[1]
+    assert back[0].token_times == pytest.approx(reqs[0].token_times) and back[0].output_tokens == 3
