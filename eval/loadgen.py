@@ -1,0 +1,170 @@
+"""An async streaming load generator for OpenAI-compatible servers, in the manner of `vllm bench serve`.
+
+Closed loop: at concurrency c, c workers each send their next request as soon as the previous one
+ended, until the level's requests are done. Every request streams; the arrival of each chunk that
+carries text is stamped on one monotonic clock (eval/serving.py turns the stamps into metrics).
+Failed and timed-out requests are recorded with their error, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eval.serving import RequestRecord
+
+
+class LoadConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="server base URL, e.g. http://127.0.0.1:8000")
+    model: str = Field(description="model name the server expects in requests")
+    api: Literal["completions", "chat"] = "completions"
+    concurrency: list[int] = Field(min_length=1)
+    requests_per_user: int = Field(4, gt=0, description="measured requests per level = concurrency x this")
+    warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency (0: none)")
+    input_len: int = Field(gt=0, description="prompt tokens")
+    output_len: int = Field(gt=0, description="output tokens asked for, exactly where the server allows it")
+    exact_length: Literal["ignore_eos", "generation_config", "none"] = Field(
+        "none",
+        description="how to force exactly output_len tokens: vLLM's ignore_eos + min_tokens, transformers "
+        "serve's generation_config (min_new_tokens), or nothing (counts come from the stream)",
+    )
+    timeout_s: float = Field(120, gt=0, description="per request")
+    warmup_timeout_s: float = Field(300, gt=0, description="per warm-up request (the first may load the model)")
+
+
+def synthetic_prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[str]:
+    """`n` texts that the model's tokenizer encodes to exactly `length` tokens (fixed seed).
+
+    Built from "word" tokens (a space and letters) that encode back to themselves alone: the
+    pre-tokenizer splits at spaces, so a sequence of them keeps its length. Random ids in general do
+    not (they decode to broken bytes that encode differently).
+    """
+    rng = random.Random(seed)
+    words = []
+    for i in range(len(tokenizer)):
+        text = tokenizer.decode([i])
+        if text.startswith(" ") and text[1:].isalpha() and tokenizer.encode(text, add_special_tokens=False) == [i]:
+            words.append(text)
+    if len(words) < 100:
+        raise ValueError(f"the tokenizer has too few word tokens ({len(words)}) to build prompts")
+    prompts = []
+    for _ in range(n):
+        text = "".join(rng.choice(words) for _ in range(length))
+        got = len(tokenizer.encode(text, add_special_tokens=False))
+        if got != length:
+            raise ValueError(f"a synthetic prompt encodes to {got} tokens, not {length}")
+        prompts.append(text)
+    return prompts
+
+
+def request_body(cfg: LoadConfig, prompt: str) -> dict:
+    body: dict = {"model": cfg.model, "max_tokens": cfg.output_len, "stream": True, "temperature": 0.0}
+    if cfg.api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if cfg.exact_length == "ignore_eos":
+        body |= {"ignore_eos": True, "min_tokens": cfg.output_len, "stream_options": {"include_usage": True}}
+    elif cfg.exact_length == "generation_config":
+        n = cfg.output_len
+        body["generation_config"] = json.dumps({"max_new_tokens": n, "min_new_tokens": n, "do_sample": False})
+    return body
+
+
+def _text(chunk: dict, api: str) -> str:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""
+    c = choices[0]
+    return (c.get("delta") or {}).get("content") or "" if api == "chat" else c.get("text") or ""
+
+
+async def one_request(client, cfg: LoadConfig, prompt: str, concurrency: int, index: int, timeout: float):
+    """Send one streaming request and stamp its chunks; a failure is a record with `ok=False`."""
+    import httpx
+
+    path = "/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"
+    start = time.perf_counter()
+    times: list[float] = []
+    usage: dict = {}
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream("POST", cfg.url.rstrip("/") + path, json=request_body(cfg, prompt)) as resp:
+                if resp.status_code != 200:
+                    body = (await resp.aread()).decode(errors="replace")[:300]
+                    raise RuntimeError(f"HTTP {resp.status_code}: {body}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if _text(chunk, cfg.api):
+                        times.append(time.perf_counter())
+                    usage = chunk.get("usage") or usage
+    except (TimeoutError, httpx.HTTPError, RuntimeError, ValueError) as e:
+        why = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+        return RequestRecord(concurrency, index, start, time.perf_counter(), False, error=why[:300])
+    end = time.perf_counter()
+    tokens = int(usage.get("completion_tokens") or len(times))
+    if not times:
+        return RequestRecord(concurrency, index, start, end, False, error="no tokens streamed")
+    return RequestRecord(
+        concurrency,
+        index,
+        start,
+        end,
+        True,
+        first_token=times[0],
+        output_tokens=tokens,
+        prompt_tokens=usage.get("prompt_tokens"),
+        token_times=tuple(times),
+    )
+
+
+async def run_level(client, cfg: LoadConfig, prompts: Sequence[str], concurrency: int, n: int) -> list[RequestRecord]:
+    """`n` requests with `concurrency` closed-loop workers."""
+    queue = iter(range(n))
+    records: list[RequestRecord] = []
+
+    async def worker() -> None:
+        for i in queue:  # shared iterator: each index is taken once
+            records.append(await one_request(client, cfg, prompts[i % len(prompts)], concurrency, i, cfg.timeout_s))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return sorted(records, key=lambda r: r.index)
+
+
+async def _sweep(cfg: LoadConfig, prompts: Sequence[str], progress) -> list[RequestRecord]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=max(cfg.concurrency) + 4, max_keepalive_connections=max(cfg.concurrency))
+    async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+        if cfg.warmup:  # one request first (it may load the model), then a round at the highest concurrency
+            first = await one_request(client, cfg, prompts[0], 0, 0, cfg.warmup_timeout_s)
+            if not first.ok:
+                raise RuntimeError(f"warm-up request failed: {first.error}")
+            top = max(cfg.concurrency)
+            for r in await run_level(client, cfg, prompts, top, top * cfg.warmup):
+                if not r.ok:
+                    raise RuntimeError(f"warm-up request failed: {r.error}")
+        records: list[RequestRecord] = []
+        for c in cfg.concurrency:
+            level = await run_level(client, cfg, prompts, c, c * cfg.requests_per_user)
+            progress(c, level)
+            records += level
+        return records
+
+
+def sweep(cfg: LoadConfig, prompts: Sequence[str], progress=lambda c, level: None) -> list[RequestRecord]:
+    """Warm up, then every concurrency level in order; the records of every measured request."""
+    return asyncio.run(_sweep(cfg, prompts, progress))

@@ -1,0 +1,50 @@
+"""A minimal OpenAI-style streaming endpoint that answers instantly: the load generator's own ceiling.
+
+`python -m eval.stream_stub --port P` serves POST /v1/completions (max_tokens chunks of one token
+each, no model behind them) and GET /health on 127.0.0.1. Driving it as hard as the generator can
+measures how many chunks per second the generator itself can take in, which must stay far above the
+rates it measures on a real server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def app():
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def completions(request: Request):
+        body = await request.json()
+        n = int(body.get("max_tokens") or 16)
+
+        async def stream():
+            for i in range(n):
+                yield f"data: {json.dumps({'choices': [{'index': 0, 'text': f' t{i}'}]})}\n\n"
+            usage = {"completion_tokens": n, "prompt_tokens": 1}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def health(request: Request):
+        return PlainTextResponse("ok")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/health", health)])
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    uvicorn.run(app(), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
