@@ -95,7 +95,7 @@ def lm_eval_metrics(results: Mapping[str, Mapping[str, object]], prefix: str = "
     return out
 
 
-def ui_command(host: str, port: int) -> list[str]:
+def ui_command(host: str, port: int | str) -> list[str]:
     """The command that serves the MLflow UI over the store."""
     uri = tracking_uri()
     db = _sqlite_path(uri)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 
 from pipelines.cards import load_card
+from pipelines.procs import free_port  # noqa: F401 - tests import it from here
 from pipelines.quantize import quantize
 from pipelines.tracking import Tracker
 
@@ -45,12 +45,6 @@ def last_json_line(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def env_with(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(extra)
@@ -65,6 +59,8 @@ SMALL = {
     "output_lengths: [32]": "output_lengths: [8]",
     "repeats: 5": "repeats: 3",
     "  batch_size: 8\n": "  batch_size: 8\n  limit: 6\n",
+    "concurrency: [1, 4, 16]": "concurrency: [1, 2]",
+    "server:\n  requests_per_user: 3\n": "server:\n  requests_per_user: 2\n  warmup: 1\n",
 }
 
 

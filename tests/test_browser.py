@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import time
-import urllib.request
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO
 from pipelines.gate import gate
 from pipelines.paths import artifacts_dir
-from pipelines.procs import stop_process_group
+from pipelines.procs import running
 from pipelines.report import report
 from pipelines.tracking import Tracker, ui_command
 
 pytestmark = pytest.mark.slow
 
 SHOTS = REPO / "test-artifacts"
+SHOTS_LOG = SHOTS / "mlflow-server.log"
 # The closed network refuses Chromium's own background connections; keep it from trying.
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -42,25 +40,9 @@ def mlflow_server(measured_small):
     tracker = Tracker(measured_small.name)
     decision = gate(measured_small, tracker)
     report(measured_small, decision, tracker)
-    port = free_port()
-    proc = subprocess.Popen(
-        ui_command("127.0.0.1", port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise AssertionError("mlflow server did not come up") from None
-                time.sleep(0.5)
+    SHOTS.mkdir(exist_ok=True)
+    with running(ui_command("127.0.0.1", "{port}"), SHOTS_LOG, 120, "mlflow server") as url:
         yield url, tracker.experiment_id, measured_small
-    finally:
-        stop_process_group(proc)
 
 
 def _pick_columns(page, names: list[str], hide: list[str]) -> None:
