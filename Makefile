@@ -13,7 +13,7 @@ MODELS    := $(patsubst pipelines/models/%.yaml,%,$(wildcard pipelines/models/*.
 # pulls a multi-GB CUDA build (see README, "Set-up").
 TORCH     := torch==2.13.0
 
-.PHONY: run test test-fast lint models all quantize evaluate bench gate report ui quality venv browser clean-venv
+.PHONY: run test test-fast lint models all quantize evaluate bench serve-bench gate report ui quality venv browser clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -44,6 +44,9 @@ bench: $(STAMP)
 evaluate: $(STAMP)
 	@if [ -z "$(PRECISIONS)" ]; then $(QEVAL) evaluate --model $(MODEL); \
 	else for p in $(PRECISIONS); do $(QEVAL) evaluate --model $(MODEL) --precision $$p || exit $$?; done; fi
+
+serve-bench: $(STAMP)
+	$(QEVAL) serve-bench --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
 
 gate: $(STAMP)
 	$(QEVAL) gate --model $(MODEL)

@@ -90,6 +90,19 @@ class Speed(_Strict):
     slo: Slo
 
 
+class Server(_Strict):
+    """The server benchmark: an OpenAI-compatible server per build, swept over speed.concurrency."""
+
+    engine: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="auto: vllm serve where vLLM is installed and a GPU is present, else transformers serve"
+    )
+    api: Literal["completions", "chat"] = Field("completions", description="endpoint the load generator drives")
+    requests_per_user: PositiveInt = Field(4, description="measured requests per level = concurrency x this")
+    warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency before the sweep")
+    timeout_s: float = Field(120, gt=0, description="per request; a request that takes longer fails")
+    start_timeout_s: float = Field(300, gt=0, description="time the server may take to answer /health")
+
+
 class Gate(_Strict):
     """The policy that decides which quantized build ships (pipelines/gate.py applies it).
 
@@ -109,8 +122,16 @@ class Gate(_Strict):
         {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
     )
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
+    speed_regime: Literal["engine", "server"] = Field(
+        "engine",
+        description="engine: decode tokens/s per user at speed_batch; server: goodput (requests/s that met "
+        "the SLO) at speed_users concurrent users",
+    )
     speed_batch: PositiveInt = Field(
-        1, description="engine batch size (from speed.batch_sizes) that speed is judged at"
+        1, description="engine batch size (from speed.batch_sizes) that speed and memory are judged at"
+    )
+    speed_users: PositiveInt | None = Field(
+        None, description="server regime: concurrency judged (from speed.concurrency; default the highest)"
     )
     min_speedup: float | None = Field(
         1.0, gt=0, description="decode speed-up over the baseline at speed_batch, at least (null: not gated)"
@@ -131,6 +152,7 @@ class ModelCard(_Strict):
     quantization: Quantization = Quantization()
     accuracy: Accuracy
     speed: Speed
+    server: Server = Server()
     target_gpus: list[str] = Field([], description="GPUs to size the builds for")
     gate: Gate = Gate()
 
@@ -151,6 +173,10 @@ class ModelCard(_Strict):
         unknown = set(self.gate.task_metric) - set(self.accuracy.tasks)
         if unknown:
             raise ValueError(f"gate.task_metric names tasks not in accuracy.tasks: {sorted(unknown)}")
+        if self.gate.speed_users is not None and self.gate.speed_users not in self.speed.concurrency:
+            raise ValueError(
+                f"gate.speed_users {self.gate.speed_users} is not among speed.concurrency {self.speed.concurrency}"
+            )
         if self.gate.speed_batch not in self.speed.batch_sizes:
             raise ValueError(
                 f"gate.speed_batch {self.gate.speed_batch} is not among speed.batch_sizes {self.speed.batch_sizes}"

@@ -188,6 +188,29 @@ def bench(
     _run_builds(model, precision, default, run_bench, as_json, force=force, no_weights=no_weights)
 
 
+@app.command("serve-bench")
+@_guarded
+def serve_bench(
+    model: ModelOpt,
+    precision: Annotated[
+        list[str] | None, typer.Option(help="build to serve; repeat for several (default: all)")
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option(help="drive this running OpenAI-compatible server instead of starting one")
+    ] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Concurrent users under the card's latency objective, over a real OpenAI-compatible server."""
+    from pipelines.serve_bench import serve_bench as run_serve
+
+    if url and (not precision or len(precision) != 1):
+        raise QevalError("--url measures one build: name it with exactly one --precision")
+    if url and not url.startswith(("http://", "https://")):
+        raise QevalError(f"--url must be an http(s) base URL such as http://127.0.0.1:8000, not '{url}'")
+    _run_builds(model, precision, lambda c: c.precisions, run_serve, as_json, force=force, url=url)
+
+
 def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
     """Print the gate's table and decision; exit 1 when nothing ships."""
     table = Table(title=f"gate: {decision.model} (baseline {decision.policy['baseline']})")

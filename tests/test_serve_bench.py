@@ -1,0 +1,56 @@
+"""The server benchmark for real: `transformers serve` on the reference model's builds, on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, env_with
+from eval.serving import read_csv
+from pipelines.serve_bench import serve_bench
+from pipelines.tracking import Tracker, tracking_uri
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def served(small_card, builds):
+    tracker = Tracker(small_card.name)
+    return {p: serve_bench(small_card, p, tracker) for p in ("bf16", "gptq")}
+
+
+def test_a_short_sweep_over_a_real_server(served):
+    for record in served.values():
+        records = read_csv(record.path / "requests.csv")
+        assert [(r.concurrency, r.index) for r in records] == [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2), (2, 3)]
+        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
+        assert {r.output_tokens for r in records} == {8}  # exactly the card's output length
+        assert all(len(r.token_times) >= 2 and r.start < r.first_token <= r.end for r in records)
+        assert {r.prompt_tokens for r in records} <= {32, 33}  # 32-token prompts (+ BOS where added)
+        assert "Application startup complete" in (record.path / "server.log").read_text()
+        s = record.summary
+        assert s["engine"] == "transformers" and s["failed_requests"] == 0
+        peak = max(m["output_tps"] for m in s["per_level"].values())
+        assert s["generator_ceiling"]["chunks_per_s"] > 10 * peak  # the generator is not the bottleneck
+        assert s["max_users_at_slo"] in (0, 1, 2)
+
+        data = MlflowClient(tracking_uri()).get_run(record.run_id).data
+        assert data.params["server.engine"] == "transformers"
+        assert data.tags["qeval.stage.serve"] == "done"
+        steps = MlflowClient(tracking_uri()).get_metric_history(record.run_id, "server/ttft_ms_p50")
+        assert sorted(m.step for m in steps) == [1, 2]
+
+
+def test_a_server_that_cannot_be_reached_is_one_clear_error(small_root, builds):
+    env = env_with(QEVAL_WORKDIR=str(small_root), QEVAL_CARDS_DIR=str(small_root / "cards"))
+    cmd = [sys.executable, "-m", "pipelines", "serve-bench", "--model", "ref-small", "--precision", "fp8",
+           "--url", "http://127.0.0.1:9"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "warm-up request failed" in last and "ConnectError" in last
+    bad = subprocess.run([*cmd[:-2], "--url", "localhost:8000"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--url must be an http(s) base URL" in bad.stderr
