@@ -46,12 +46,26 @@ class Rule:
 
 @dataclass(frozen=True)
 class Measured:
-    """What the gate needs of one build's bench at the policy's batch size."""
+    """What the gate needs of one build's speed and memory measurements."""
 
-    decode_tps: float  # tokens/s per user
-    peak_gb: float
+    decode_tps: float  # engine: tokens/s per user at the policy's batch
+    peak_gb: float  # engine: peak memory at the policy's batch
     weights_gb: float
     kernels: str
+    regime: str = "engine"
+    goodput: float | None = None  # server: requests/s that met the SLO at the policy's users
+    users_at_slo: int | None = None  # server: the most concurrent users that met the SLO
+
+    @property
+    def speed(self) -> float:
+        """The figure the speed rule and the choice use, by the policy's regime."""
+        return (self.goodput or 0.0) if self.regime == "server" else self.decode_tps
+
+
+def speed_label(policy: Gate, users: int | None = None) -> str:
+    if policy.speed_regime == "server":
+        return f"goodput, requests/s within the SLO at {users} users"
+    return f"decode tokens/s per user at batch {policy.speed_batch}"
 
 
 @dataclass(frozen=True)
@@ -77,11 +91,12 @@ class Decision:
     chosen: str | None
     why: str
     registered: dict[str, str] = field(default_factory=dict)
+    decided: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def as_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
-            "decided": datetime.now(UTC).isoformat(timespec="seconds"),
+            "decided": self.decided,
             "policy": self.policy,
             "baseline": asdict(self.baseline),
             "chosen": self.chosen,
@@ -132,11 +147,20 @@ def task_rule(task: str, c: Comparison) -> Rule:
     return Rule(task, c.verdict, f"{text}: {c.verdict}")
 
 
-def speed_rule(policy: Gate, build: Measured, baseline: Measured, byte_ratio: float) -> tuple[Rule, float]:
+def speed_rule(policy: Gate, build: Measured, baseline: Measured, byte_ratio: float) -> tuple[Rule, float | None]:
     """Decode speed-up over the baseline at the policy's batch; suspect speed-ups cannot pass."""
-    up = build.decode_tps / baseline.decode_tps
-    where = f"decode {build.decode_tps:.4g} vs {baseline.decode_tps:.4g} tok/s per user at batch {policy.speed_batch}"
     kernels = " (emulated kernels)" if build.kernels.startswith("emulated") else ""
+    if build.regime == "server":
+        where = (
+            f"goodput {build.speed:.3g} vs {baseline.speed:.3g} requests/s within the SLO, "
+            f"{build.users_at_slo} vs {baseline.users_at_slo} users at the SLO"
+        )
+    else:
+        where = f"decode {build.speed:.4g} vs {baseline.speed:.4g} tok/s per user at batch {policy.speed_batch}"
+    if baseline.speed <= 0:
+        verdict = NOT_GATED if policy.min_speedup is None else INCONCLUSIVE
+        return Rule("speed", verdict, f"speed: the baseline has no speed to compare with, {where}: {verdict}"), None
+    up = build.speed / baseline.speed
     if policy.min_speedup is None:
         return Rule("speed", NOT_GATED, f"speed: {up:.2f}x, {where}{kernels}: not gated (min_speedup: null)"), up
     if speed_math.speedup_is_suspect(up, byte_ratio):
@@ -164,17 +188,17 @@ def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | N
     if not passed:
         return None, "no quantized build passed every rule"
     if prefer == "speed":
-        best = max(b.speed.decode_tps for b in passed)
-        ties = [b for b in passed if b.speed.decode_tps >= best * (1 - tie)]
-        pick = min(ties, key=lambda b: (b.speed.weights_gb, -b.speed.decode_tps))
-        how = "fastest decode per user"
+        best = max(b.speed.speed for b in passed)
+        ties = [b for b in passed if b.speed.speed >= best * (1 - tie)]
+        pick = min(ties, key=lambda b: (b.speed.weights_gb, -b.speed.speed))
+        how = "fastest"
     else:
         least = min(b.speed.weights_gb for b in passed)
         ties = [b for b in passed if b.speed.weights_gb <= least * (1 + tie)]
-        pick = max(ties, key=lambda b: (b.speed.decode_tps, -b.speed.weights_gb))
+        pick = max(ties, key=lambda b: (b.speed.speed, -b.speed.weights_gb))
         how = "smallest weights"
     others = [b.precision for b in ties if b is not pick]
-    breaker = "smaller weights" if prefer == "speed" else "faster decode"
+    breaker = "smaller weights" if prefer == "speed" else "faster one"
     tied = f"; {', '.join(others)} within {tie:.0%} of it, so the {breaker} decides" if others else ""
     passing = ", ".join(b.precision for b in passed)
     return pick.precision, f"{how} among the builds that passed ({passing}){tied}"
@@ -212,8 +236,30 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
         peak_gb=_at(done["series"].get("mem/peak_gb", []), b, "peak memory", where),
         weights_gb=float(done["metrics"]["mem/weights_gb"]),
         kernels=done["params"].get("engine.kernels", "unknown"),
+        regime=card.gate.speed_regime,
+        **_server(card, precision),
     )
     return m, float(done["summary"]["weight_bytes"])
+
+
+def judged_users(card: ModelCard) -> int:
+    return card.gate.speed_users or max(card.speed.concurrency)
+
+
+def _server(card: ModelCard, precision: str) -> dict[str, Any]:
+    """Goodput at the judged concurrency and users at the SLO, from the serve stage (required by the
+    server regime, shown where it exists otherwise)."""
+    if card.gate.speed_regime == "server":
+        done = _done(card, precision, "serve")
+    else:
+        done = read_manifest(stage_dir(card.name, precision, "serve"))
+        if not done or done.get("status") != "done":
+            return {}
+    users = judged_users(card)
+    level = done["summary"]["per_level"].get(str(users))
+    if level is None:
+        raise QevalError(f"gate: {card.name}@{precision} serve has no level at {users} users; rerun qeval serve-bench")
+    return {"goodput": float(level.get("goodput", 0.0)), "users_at_slo": int(done["summary"]["max_users_at_slo"])}
 
 
 def gating_metric(card: ModelCard, task: str, results: dict[str, Any], row: dict[str, Any]) -> tuple[str, str]:
@@ -331,6 +377,10 @@ def decide(card: ModelCard) -> Decision:
     return Decision(card.name, policy.model_dump(), base_speed, verdicts, chosen, why)
 
 
+def _headline(m: Measured) -> dict[str, float | None]:
+    return {"gate/decode_tps": m.decode_tps, "gate/goodput": m.goodput, "gate/users_at_slo": m.users_at_slo}
+
+
 def gate(card: ModelCard, tracker: Tracker) -> Decision:
     """Decide, then record the decision: gate.json, MLflow tags, and the registry alias `ship`."""
     decision = decide(card)
@@ -343,7 +393,7 @@ def gate(card: ModelCard, tracker: Tracker) -> Decision:
         tracker.build_run(card.gate.baseline),
         BASELINE,
         ["the baseline every build is compared with"],
-        {"gate/recovery_worst": 1.0, "gate/speedup": 1.0, "gate/decode_tps": base.decode_tps},
+        {"gate/recovery_worst": 1.0, "gate/speedup": 1.0, **_headline(base)},
     )
     for b in decision.builds:
         worst = min(b.tasks.values(), key=lambda c: c.recovery[0])
@@ -355,7 +405,7 @@ def gate(card: ModelCard, tracker: Tracker) -> Decision:
                 "gate/recovery_worst": worst.recovery[0],
                 "gate/recovery_worst_lower": worst.recovery[1],
                 "gate/speedup": b.speedup,
-                "gate/decode_tps": b.speed.decode_tps,
+                **_headline(b.speed),
             },
         )
     if decision.chosen:

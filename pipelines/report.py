@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only, no screen
 import matplotlib.pyplot as plt
 
 from pipelines.cards import ModelCard
-from pipelines.gate import BASELINE, FAIL, INCONCLUSIVE, PASS, Decision
+from pipelines.gate import BASELINE, FAIL, INCONCLUSIVE, PASS, Decision, judged_users, speed_label
 from pipelines.paths import workdir
 from pipelines.stages import read_manifest, stage_dir
 from pipelines.tracking import Tracker
@@ -60,14 +60,14 @@ def _how(card: ModelCard) -> str:
 def quality_vs_speed(card: ModelCard, decision: Decision):
     policy = card.gate
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    points = [(policy.baseline, decision.baseline.decode_tps, 1.0)]
-    ax.scatter([decision.baseline.decode_tps], [1.0], s=70, color=COLOURS[BASELINE], zorder=3)
-    ax.annotate(f"{policy.baseline} (baseline)", (decision.baseline.decode_tps, 1.0), textcoords="offset points",
+    points = [(policy.baseline, decision.baseline.speed, 1.0)]
+    ax.scatter([decision.baseline.speed], [1.0], s=70, color=COLOURS[BASELINE], zorder=3)
+    ax.annotate(f"{policy.baseline} (baseline)", (decision.baseline.speed, 1.0), textcoords="offset points",
                 xytext=(6, 6), fontsize=9)  # fmt: skip
-    by_speed = sorted(decision.builds, key=lambda b: b.speed.decode_tps)
+    by_speed = sorted(decision.builds, key=lambda b: b.speed.speed)
     for i, b in enumerate(by_speed):
         task, (rec, lo, hi) = worst_task(b)
-        x = b.speed.decode_tps
+        x = b.speed.speed
         points.append((b.precision, x, rec))
         ax.errorbar([x], [rec], yerr=[[rec - lo], [hi - rec]], fmt="o", ms=8, capsize=4,
                     color=COLOURS[b.verdict], zorder=3)  # fmt: skip
@@ -82,7 +82,7 @@ def quality_vs_speed(card: ModelCard, decision: Decision):
     ax.axhline(policy.min_recovery, color=COLOURS[FAIL], lw=0.8, ls=":", label=f"min recovery {policy.min_recovery:g}")
     kernels = {b.speed.kernels for b in decision.builds}
     emulated = any(k.startswith("emulated") for k in kernels)
-    ax.set_xlabel(f"decode tokens/s per user at batch {policy.speed_batch}" + (" (quantized: emulated)" * emulated))
+    ax.set_xlabel(speed_label(policy, judged_users(card)) + (" (quantized: emulated)" * emulated))
     ax.set_ylabel(f"recovery, worst task ({policy.confidence:.0%} paired bootstrap interval)")
     ax.set_title(f"{card.name}: quality against speed per precision", fontsize=11)
     ax.text(0.0, -0.16, _how(card), transform=ax.transAxes, fontsize=8, color="#555555")
@@ -151,7 +151,16 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
     cols: dict[str, list] = {"build": [], "verdict": []}
     for task in card.accuracy.tasks:
         cols[f"{task} recovery [interval]"] = []
-    cols |= {"decode tok/s per user": [], "speed-up": [], "weights GB": [], "peak GB": [], "kernels": []}
+    users = judged_users(card)
+    cols |= {
+        f"decode tok/s per user, batch {card.gate.speed_batch}": [],
+        f"server goodput req/s, {users} users": [],
+        "users at SLO": [],
+        "speed-up": [],
+        "weights GB": [],
+        "peak GB": [],
+        "kernels": [],
+    }
     base = decision.baseline
     rows = [(card.gate.baseline, BASELINE, None, base, 1.0)] + [
         (b.precision, b.verdict + (" (ships)" if b.precision == decision.chosen else ""), b, b.speed, b.speedup)
@@ -165,7 +174,9 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
             cols[f"{task} recovery [interval]"].append(
                 f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {c.verdict}" if c else "1"
             )
-        cols["decode tok/s per user"].append(f"{speed.decode_tps:.4g}")
+        cols[f"decode tok/s per user, batch {card.gate.speed_batch}"].append(f"{speed.decode_tps:.4g}")
+        cols[f"server goodput req/s, {users} users"].append("" if speed.goodput is None else f"{speed.goodput:.3g}")
+        cols["users at SLO"].append("" if speed.users_at_slo is None else str(speed.users_at_slo))
         cols["speed-up"].append(f"{up:.2f}x" if up is not None else "")
         cols["weights GB"].append(f"{speed.weights_gb:.4g}")
         cols["peak GB"].append(f"{speed.peak_gb:.4g}")
@@ -182,7 +193,7 @@ def policy_text(card: ModelCard) -> str:
     if g.max_ppl_increase is not None:
         parts.append(f"perplexity tasks: perplexity up by at most {g.max_ppl_increase:.2%}")
     speed = f"at least {g.min_speedup:g}x" if g.min_speedup is not None else "not gated"
-    parts.append(f"decode speed-up at batch {g.speed_batch}: {speed}")
+    parts.append(f"speed-up in {speed_label(g, judged_users(card))}: {speed}")
     parts.append(f"memory budget: {f'{g.memory_budget_gb:g} GB' if g.memory_budget_gb else 'none'}")
     parts.append(f"prefer {g.prefer} (ties within {g.tie_tolerance:.0%})")
     return "; ".join(parts)
@@ -211,6 +222,10 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
         "## How these were measured",
         "",
         f"- Speed: {_how(card)}; decode tokens/s per user = 1 / median time per output token.",
+        f"- Server: {card.server.engine} engine over an OpenAI-compatible endpoint, closed-loop load at "
+        f"{card.speed.concurrency} concurrent users, {card.speed.input_lengths[0]} tokens in and "
+        f"{card.speed.output_lengths[0]} out; SLO TTFT p95 <= {card.speed.slo.ttft_ms:g} ms and TPOT p95 <= "
+        f"{card.speed.slo.tpot_ms:g} ms; goodput counts the requests that met both.",
         "- Recovery: quantized score / baseline score (baseline / quantized for lower-is-better metrics), "
         "with a paired bootstrap over the same documents (2,000 resamples); for 0/1 outcomes the exact "
         "McNemar p-value is in gate.json.",
@@ -245,7 +260,9 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     tmp = md.with_name(f".report.md.tmp-{os.getpid()}")
     tmp.write_text(markdown(card, decision, cols, list(figures)))
     os.replace(tmp, md)
-    tracker.log_report(figures, {"gate_table.json": cols}, [md])
+    # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
+    history = {"decided": [decision.decided] * len(cols["build"]), **cols}
+    tracker.log_report(figures, {"gate_table.json": history}, [md])
     for fig in figures.values():
         plt.close(fig)
     return [out / name for name in figures] + [md]

@@ -67,6 +67,16 @@ def test_speed_rule():
     assert rule.verdict == NOT_GATED and "0.40x" in rule.reason and "emulated" in rule.reason
 
 
+def test_speed_rule_in_the_server_regime_uses_goodput():
+    policy = Gate(speed_regime="server", min_speedup=1.1)
+    base = Measured(100.0, 2.0, 16.0, "native", "server", goodput=4.0, users_at_slo=8)
+    build = Measured(90.0, 1.2, 8.0, "native", "server", goodput=5.0, users_at_slo=16)
+    rule, up = speed_rule(policy, build, base, byte_ratio=2.0)
+    assert rule.verdict == PASS and up == pytest.approx(1.25) and "16 vs 8 users" in rule.reason
+    none = Measured(100.0, 2.0, 16.0, "native", "server", goodput=0.0, users_at_slo=0)
+    assert speed_rule(policy, build, none, 2.0)[0].verdict == INCONCLUSIVE  # nothing to compare with
+
+
 def test_memory_rule():
     m = Measured(100.0, 1.5, 1.0, "native")
     assert memory_rule(Gate(memory_budget_gb=2), m).verdict == PASS
