@@ -34,6 +34,17 @@ SERIES = [
 CEILING_OUTPUT = 256  # chunks per request against the stub
 
 
+def served_model(url: str, default: str) -> str:
+    """The first model a running server lists at /v1/models (the name it expects), else `default`."""
+    import httpx
+
+    try:
+        models = httpx.get(url.rstrip("/") + "/v1/models", timeout=10).json().get("data") or []
+        return models[0]["id"] if models else default
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return default
+
+
 def choose_engine(engine: str) -> str:
     if engine != "auto":
         return engine
@@ -111,7 +122,7 @@ def serve_bench(
             )  # fmt: skip
 
         def sweep(base_url: str) -> list[serving.RequestRecord]:
-            model = checkpoint if engine != "external" else precision
+            model = served_model(base_url, checkpoint) if engine == "external" else checkpoint
             cfg = loadgen.LoadConfig(url=base_url, model=model, **load)
             try:
                 return loadgen.sweep(cfg, prompts, progress)

@@ -54,3 +54,18 @@ def test_a_server_that_cannot_be_reached_is_one_clear_error(small_root, builds):
     assert "warm-up request failed" in last and "ConnectError" in last
     bad = subprocess.run([*cmd[:-2], "--url", "localhost:8000"], cwd=REPO, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "--url must be an http(s) base URL" in bad.stderr
+
+
+def test_a_server_the_user_runs_is_driven_by_url(small_card, builds, tmp_path):
+    from pipelines.procs import running
+    from pipelines.quantize import checkpoint_for
+    from pipelines.serve_bench import server_command
+
+    checkpoint, _ = checkpoint_for(small_card, "fp8")
+    cmd = server_command("transformers", checkpoint, trust_remote_code=False)
+    with running(cmd, tmp_path / "server.log", 300, "transformers serve") as url:
+        record = serve_bench(small_card, "fp8", Tracker(small_card.name), url=url)
+    assert record.summary["engine"] == "external" and record.summary["failed_requests"] == 0
+    records = read_csv(record.path / "requests.csv")
+    assert len(records) == 6 and all(r.ok for r in records)
+    assert not (record.path / "server.log").exists()  # not ours to start, nor to log
