@@ -21,7 +21,7 @@ from pipelines.cards import ModelCard, offline_env
 from pipelines.errors import QevalError
 from pipelines.procs import running
 from pipelines.quantize import checkpoint_for
-from pipelines.stages import StageOutput, StageRecord, read_manifest, run_stage, stage_dir
+from pipelines.stages import StageOutput, StageRecord, run_stage
 from pipelines.tracking import Tracker
 
 STAGE = "serve"
@@ -58,7 +58,8 @@ def choose_engine(engine: str) -> str:
 def server_command(engine: str, checkpoint: str, trust_remote_code: bool, port: str = "{port}") -> list[str]:
     """The command that serves `checkpoint` on 127.0.0.1 (`{port}` is filled in by procs.running)."""
     if engine == "vllm":
-        cmd = ["vllm", "serve", checkpoint, "--host", "127.0.0.1", "--port", port]
+        beside = Path(sys.executable).with_name("vllm")  # the virtual environment's, when not on PATH
+        cmd = [str(beside) if beside.exists() else "vllm", "serve", checkpoint, "--host", "127.0.0.1", "--port", port]
         return cmd + (["--trust-remote-code"] if trust_remote_code else [])
     import torch
 
@@ -127,7 +128,8 @@ def serve_bench(
             try:
                 return loadgen.sweep(cfg, prompts, progress)
             except RuntimeError as e:
-                raise QevalError(f"{card.name}@{precision} server: {e}; see {out / 'server.log'}") from None
+                where = f"the server at {url}" if url else f"the server's log {out / 'server.log'}"
+                raise QevalError(f"{card.name}@{precision} server: {e}; check {where}") from None
 
         if url:
             records = sweep(url)
@@ -175,10 +177,6 @@ def serve_bench(
         )
 
     return run_stage(tracker, precision, STAGE, inputs, _code(), work, force=force)
-
-
-def done(card: ModelCard, precision: str) -> dict | None:
-    return read_manifest(stage_dir(card.name, precision, STAGE))
 
 
 def _code() -> list[Path]:
