@@ -74,7 +74,10 @@ def quality_vs_speed(card: ModelCard, decision: Decision):
         label = f"{b.precision}: {b.verdict}" + (" - ships" if b.precision == decision.chosen else "")
         label += f"\n(worst: {task})"
         # alternate above and below, so that neighbours' labels do not overlap
-        ax.annotate(label, (x, rec), textcoords="offset points", xytext=(7, 8 if i % 2 else -24), fontsize=8.5)
+        ax.annotate(
+            label, (x, rec), textcoords="offset points", xytext=(14, 18 if i % 2 else -30), fontsize=8.5,
+            color=COLOURS[b.verdict], arrowprops={"arrowstyle": "-", "color": COLOURS[b.verdict], "lw": 0.6},
+        )  # fmt: skip
     front = sorted((p for p in points if p[0] in pareto(points)), key=lambda p: p[1])
     ax.scatter([p[1] for p in front], [p[2] for p in front], s=240, facecolors="none", edgecolors="#333333",
                linewidths=1, zorder=2, label="Pareto frontier (nothing beats it on both axes)")  # fmt: skip
