@@ -55,8 +55,25 @@ def choose_engine(engine: str) -> str:
     return "vllm" if torch.cuda.is_available() else "transformers"
 
 
-def server_command(engine: str, checkpoint: str, trust_remote_code: bool, port: str = "{port}") -> list[str]:
-    """The command that serves `checkpoint` on 127.0.0.1 (`{port}` is filled in by procs.running)."""
+CB_BLOCK = 256  # tokens per KV-cache block of transformers' continuous batching (its default)
+
+
+def server_command(
+    engine: str,
+    checkpoint: str,
+    trust_remote_code: bool,
+    port: str = "{port}",
+    *,
+    max_sequences: int = 64,
+    input_len: int = 2048,
+    output_len: int = 256,
+) -> list[str]:
+    """The command that serves `checkpoint` on 127.0.0.1 (`{port}` is filled in by procs.running).
+
+    On a CPU, transformers' continuous batching sizes its KV cache from the machine's free memory (12 GB
+    of 24 here, which the kernel's OOM killer took back once other work ran): the cache is sized for
+    the sweep instead, `max_sequences` of input + output tokens with room to spare.
+    """
     if engine == "vllm":
         beside = Path(sys.executable).with_name("vllm")  # the virtual environment's, when not on PATH
         cmd = [str(beside) if beside.exists() else "vllm", "serve", checkpoint, "--host", "127.0.0.1", "--port", port]
@@ -66,6 +83,11 @@ def server_command(engine: str, checkpoint: str, trust_remote_code: bool, port: 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", checkpoint, "--continuous-batching"]
     cmd += ["--host", "127.0.0.1", "--port", port, "--device", device, "--log-level", "info"]
+    if device == "cpu":
+        blocks = 2 * max_sequences * -(-(input_len + output_len) // CB_BLOCK) + 8
+        batch_tokens = min(8192, max(512, max_sequences * input_len))
+        cmd += ["--cb-num-blocks", str(blocks)]
+        cmd += ["--cb-max-batch-tokens", str(batch_tokens)]
     return cmd + (["--trust-remote-code"] if trust_remote_code else [])
 
 
@@ -134,7 +156,10 @@ def serve_bench(
         if url:
             records = sweep(url)
         else:
-            cmd = server_command(engine, checkpoint, card.source.trust_remote_code)
+            cmd = server_command(
+                engine, checkpoint, card.source.trust_remote_code, max_sequences=max(s.concurrency),
+                input_len=load["input_len"], output_len=load["output_len"],
+            )  # fmt: skip
             what = f"{engine} serve for {card.name}@{precision}"
             with running(cmd, out / "server.log", srv.start_timeout_s, what, offline_env(card)) as base_url:
                 records = sweep(base_url)
