@@ -1,27 +1,86 @@
-"""Peak memory bandwidth of common GPUs (vendor data sheets), looked up by the name CUDA reports.
+"""A catalog of data-centre GPUs (vendor data sheets) and the precisions each runs natively.
 
-The sizing stage grows this into a full catalog; the engine benchmark needs the bandwidth for MBU.
+Memory is the nominal size, which NVIDIA quotes in GiB ("80 GB" H100: nvidia-smi shows 79.6 GiB
+usable). Throughput is dense (no sparsity) tensor-core peak. FP8 tensor cores need compute
+capability 8.9 or later (Ada, Hopper); elsewhere an FP8 checkpoint runs weight-only (weights
+upcast in the kernel) or emulated. INT8 tensor cores exist from Turing on; 4-bit weight-only builds
+(AWQ, GPTQ) run with mixed-precision kernels (Marlin) from compute capability 8.0 and compute in 16 bits.
 """
 
 from __future__ import annotations
 
-# (substring of torch.cuda.get_device_name(), bytes per second); most specific names first.
-PEAK_BANDWIDTH: list[tuple[str, float]] = [
-    ("H200", 4.8e12),
-    ("H100 PCIe", 2.0e12),
-    ("H100", 3.35e12),
-    ("A100-SXM4-80GB", 2.039e12),
-    ("A100 80GB PCIe", 1.935e12),
-    ("A100", 1.555e12),
-    ("L40S", 0.864e12),
-    ("L4", 0.3e12),
-    ("A10G", 0.6e12),
+import difflib
+from dataclasses import dataclass
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str  # catalog key
+    cuda_name: str  # substring of torch.cuda.get_device_name()
+    memory_gib: float
+    bandwidth: float  # bytes/s, peak
+    bf16_flops: float  # dense tensor peak, FLOP/s
+    fp8_flops: float | None  # None: no FP8 tensor cores
+    int8_ops: float
+    capability: tuple[int, int]
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    def native(self, precision: str) -> str:
+        """How `precision` runs here: native, weight-only or emulated."""
+        if precision == "fp8":
+            return "native" if self.capability >= (8, 9) else "weight-only"
+        if precision in ("awq", "gptq"):
+            return "weight-only" if self.capability >= (8, 0) else "emulated"
+        return "native"
+
+    def compute_flops(self, precision: str) -> float:
+        """Peak of the units a precision's matrix products use (weight-only builds compute in 16 bits)."""
+        if precision == "fp8" and self.native("fp8") == "native" and self.fp8_flops:
+            return self.fp8_flops
+        if precision == "int8":
+            return self.int8_ops
+        return self.bf16_flops
+
+
+T = 1e12
+# Ordered most specific first for matching CUDA names.
+CATALOG: list[Gpu] = [
+    Gpu("h200", "H200", 141, 4.8 * T, 989 * T, 1979 * T, 1979 * T, (9, 0)),
+    Gpu("h100-pcie", "H100 PCIe", 80, 2.0 * T, 756 * T, 1513 * T, 1513 * T, (9, 0)),
+    Gpu("h100-sxm", "H100", 80, 3.35 * T, 989 * T, 1979 * T, 1979 * T, (9, 0)),
+    Gpu("a100-80gb", "A100-SXM4-80GB", 80, 2.039 * T, 312 * T, None, 624 * T, (8, 0)),
+    Gpu("a100-80gb-pcie", "A100 80GB PCIe", 80, 1.935 * T, 312 * T, None, 624 * T, (8, 0)),
+    Gpu("a100-40gb", "A100", 40, 1.555 * T, 312 * T, None, 624 * T, (8, 0)),
+    Gpu("l40s", "L40S", 48, 0.864 * T, 362 * T, 733 * T, 733 * T, (8, 9)),
+    Gpu("l4", "L4", 24, 0.3 * T, 121 * T, 242 * T, 242 * T, (8, 9)),
+    Gpu("a10g", "A10G", 24, 0.6 * T, 70 * T, None, 140 * T, (8, 6)),
 ]
+BY_NAME = {g.name: g for g in CATALOG}
+
+
+def get_gpu(name: str) -> Gpu:
+    """The catalog entry for `name`; an unknown name lists the known ones."""
+    if name in BY_NAME:
+        return BY_NAME[name]
+    close = difflib.get_close_matches(name, list(BY_NAME), n=2)
+    hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+    raise ValueError(f"unknown GPU '{name}'{hint}; known: {', '.join(BY_NAME)}")
+
+
+def gpu_for_device(device_name: str) -> Gpu | None:
+    """The catalog entry whose CUDA name `device_name` contains, if any."""
+    for g in CATALOG:
+        if g.cuda_name.lower() in device_name.lower():
+            return g
+    return None
 
 
 def peak_bandwidth(device_name: str) -> float | None:
     """Peak bandwidth in bytes/s for a CUDA device name, or None when unknown."""
-    for key, value in PEAK_BANDWIDTH:
-        if key.lower() in device_name.lower():
-            return value
-    return None
+    g = gpu_for_device(device_name)
+    return g.bandwidth if g else None

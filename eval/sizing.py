@@ -1,0 +1,182 @@
+"""Sizing: memory and speed projections per precision and GPU, from a model's config (pure functions).
+
+Memory on a GPU = weights + KV cache (batch x context tokens) + activation workspace + runtime reserve,
+against the GPU's memory times the fraction a server may use. Weights come from the build's real
+bytes where a checkpoint exists, else from the config and the precision's bytes per weight (scales
+and zero points included; embeddings and lm_head stay 16-bit, as qeval builds them). Decode is
+bandwidth-bound: tokens/s per sequence <= bandwidth x MBU / bytes read per step (every weight but the
+embedding table, which is only indexed, plus each sequence's KV cache). Prefill is compute-bound:
+TTFT >= 2 x parameters x prompt tokens (+ attention) / (peak FLOP/s x MFU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from eval.gpus import Gpu
+
+# bytes per weight of a quantized linear layer, scales and zero points included (group 128 for 4-bit;
+# per output channel for 8-bit, whose 2-byte scale per row is negligible next to the row's weights)
+GROUP = 128
+BYTES_PER_WEIGHT = {
+    "bf16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "gptq": 0.5 + 2 / GROUP,  # int4 + a 16-bit scale per group
+    "awq": 0.5 + 2 / GROUP + 0.5 / GROUP,  # int4 + 16-bit scale + packed int4 zero point per group
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What sizing needs of a decoder-only transformer's config.json."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> Shape:
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return cls(
+            layers=int(cfg["num_hidden_layers"]),
+            hidden=hidden,
+            intermediate=int(cfg["intermediate_size"]),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            vocab=int(cfg["vocab_size"]),
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters of the quantized linear layers (attention and MLP projections)."""
+        q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = self.hidden * q_out + 2 * self.hidden * kv_out + q_out * self.hidden
+        return self.layers * (attn + 3 * self.hidden * self.intermediate)
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tied else self.vocab * self.hidden
+
+    @property
+    def norm_params(self) -> int:
+        return (2 * self.layers + 1) * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.linear_params + self.embedding_params + self.lm_head_params + self.norm_params
+
+
+def weight_bytes(shape: Shape, precision: str) -> float:
+    """Bytes of all weights stored at `precision` (linear layers quantized, the rest 16-bit)."""
+    rest = shape.embedding_params + shape.lm_head_params + shape.norm_params
+    return shape.linear_params * BYTES_PER_WEIGHT[precision] + 2 * rest
+
+
+def decode_read_bytes(shape: Shape, weights: float) -> float:
+    """Weight bytes a decode step reads: everything but the embedding table (one row per token is read).
+
+    With tied embeddings the table is the lm_head and is read whole."""
+    return weights - (0 if shape.tied else 2 * shape.embedding_params)
+
+
+def kv_bytes_per_token(shape: Shape, dtype_bytes: int = 2) -> int:
+    """A key and a value vector per KV head per layer."""
+    return shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
+
+
+def workspace_bytes(shape: Shape, prefill_tokens: int, act_bytes: int = 2) -> float:
+    """Activation workspace of a prefill chunk: the widest live tensors of one layer (the MLP's gate and
+    up projections, the residual, attention input and output) for `prefill_tokens` tokens, plus fp32
+    logits for one token per sequence is negligible next to it."""
+    per_token = (2 * shape.intermediate + 4 * shape.hidden) * act_bytes
+    return prefill_tokens * per_token
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What sizing assumes; every number a projection rests on, stated and settable."""
+
+    utilization: float = 0.9  # fraction of GPU memory the server may use (vLLM's default)
+    runtime_reserve_gib: float = 1.0  # CUDA context, libraries, graphs
+    prefill_tokens: int = 2048  # tokens per prefill chunk (activation workspace)
+    kv_dtype_bytes: int = 2
+    mbu: float = 1.0  # fraction of peak bandwidth decode reaches (1.0: the ceiling)
+    mfu: float = 1.0  # fraction of peak FLOP/s prefill reaches (1.0: the floor)
+
+
+@dataclass(frozen=True)
+class Fit:
+    gpu: str
+    precision: str
+    execution: str  # native, weight-only, emulated
+    weights_gb: float
+    kv_gb: float
+    workspace_gb: float
+    reserve_gb: float
+    total_gb: float
+    usable_gb: float
+    fits: bool
+    max_sequences: int  # at the given context, on one GPU (0: not even one)
+    tensor_parallel: int | None  # GPUs needed (1, 2, 4, 8), None beyond 8
+    decode_tps_per_user: float  # ceiling x MBU, at the given batch and context
+    decode_tps_total: float
+    ttft_ms: float  # prefill floor of one prompt of `input_len`
+
+
+def fit(
+    shape: Shape,
+    precision: str,
+    gpu: Gpu,
+    *,
+    batch: int,
+    input_len: int,
+    output_len: int,
+    weights: float | None = None,
+    a: Assumptions = Assumptions(),
+) -> Fit:
+    """Does `precision` of the model fit `gpu` at `batch` sequences of input + output tokens, and how fast."""
+    w = weight_bytes(shape, precision) if weights is None else weights
+    context = input_len + output_len
+    kv_tok = kv_bytes_per_token(shape, a.kv_dtype_bytes)
+    kv = batch * context * kv_tok
+    work = workspace_bytes(shape, min(a.prefill_tokens, batch * input_len))
+    reserve = a.runtime_reserve_gib * 2**30
+    usable = gpu.memory_bytes * a.utilization
+    free_for_kv = usable - w - work - reserve
+    tp = next((n for n in (1, 2, 4, 8) if w / n + kv / n + work + reserve <= usable), None)
+    step = decode_read_bytes(shape, w) + batch * kv_tok * (input_len + output_len / 2)
+    per_user = gpu.bandwidth * a.mbu / step
+    flops = 2 * (shape.linear_params + shape.lm_head_params) * input_len
+    flops += 4 * shape.layers * input_len**2 * shape.heads * shape.head_dim / 2  # causal attention scores and values
+    ttft = flops / (gpu.compute_flops(precision) * a.mfu)
+    return Fit(
+        gpu=gpu.name,
+        precision=precision,
+        execution=gpu.native(precision),
+        weights_gb=w / 1e9,
+        kv_gb=kv / 1e9,
+        workspace_gb=work / 1e9,
+        reserve_gb=reserve / 1e9,
+        total_gb=(w + kv + work + reserve) / 1e9,
+        usable_gb=usable / 1e9,
+        fits=w + kv + work + reserve <= usable,
+        max_sequences=max(0, math.floor(free_for_kv / (context * kv_tok))),
+        tensor_parallel=tp,
+        decode_tps_per_user=per_user,
+        decode_tps_total=per_user * batch,
+        ttft_ms=1000 * ttft,
+    )
