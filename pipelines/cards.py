@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from eval.gpus import get_gpu
 from pipelines.errors import QevalError
 from pipelines.paths import cards_dir, resolve_repo_path
 from quant.precisions import PRECISIONS, get_precision, suggest
@@ -137,6 +138,9 @@ class Gate(_Strict):
         1.0, gt=0, description="decode speed-up over the baseline at speed_batch, at least (null: not gated)"
     )
     memory_budget_gb: float | None = Field(None, gt=0, description="peak memory at speed_batch allowed, GB")
+    must_fit: list[str] = Field(
+        [], description="GPUs (catalog names) each build must fit on one of, at the largest batch of the grid"
+    )
     prefer: Literal["speed", "memory"] = Field("speed", description="how to choose among passing builds")
     tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
 
@@ -173,6 +177,8 @@ class ModelCard(_Strict):
         unknown = set(self.gate.task_metric) - set(self.accuracy.tasks)
         if unknown:
             raise ValueError(f"gate.task_metric names tasks not in accuracy.tasks: {sorted(unknown)}")
+        for gpu in [*self.target_gpus, *self.gate.must_fit]:
+            get_gpu(gpu)
         if self.gate.speed_users is not None and self.gate.speed_users not in self.speed.concurrency:
             raise ValueError(
                 f"gate.speed_users {self.gate.speed_users} is not among speed.concurrency {self.speed.concurrency}"

@@ -211,6 +211,54 @@ def serve_bench(
     _run_builds(model, precision, lambda c: c.precisions, run_serve, as_json, force=force, url=url)
 
 
+@app.command()
+@_guarded
+def size(
+    model: ModelOpt,
+    precision: Annotated[list[str] | None, typer.Option(help="precision; repeat for several (default: all)")] = None,
+    gpu: Annotated[list[str] | None, typer.Option(help="catalog GPU; repeat for several (default: all)")] = None,
+    batch: Annotated[int | None, typer.Option(min=1, help="concurrent sequences (default: the grid's largest)")] = None,
+    input_len: Annotated[int | None, typer.Option(min=1, help="prompt tokens (default: the grid's first)")] = None,
+    output_len: Annotated[int | None, typer.Option(min=1, help="output tokens (default: the grid's first)")] = None,
+    mbu: Annotated[float, typer.Option(min=0.01, max=1.0, help="bandwidth utilisation decode reaches")] = 1.0,
+    log: Annotated[bool, typer.Option("--log", help="also run the size stage for the card's target GPUs")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Will each precision fit each GPU, with how many sequences, how fast? Offline, from the architecture."""
+    import eval.gpus as gpus
+    from eval.sizing import Assumptions
+    from pipelines import size as size_mod
+
+    card = cards_mod.load_card(model)
+    chosen = precision or card.precisions
+    for p in chosen:
+        card.require_precision(p)
+    names = gpu or [g.name for g in gpus.CATALOG]
+    for g in names:
+        try:
+            gpus.get_gpu(g)
+        except ValueError as e:
+            raise QevalError(str(e)) from None
+    s = card.speed
+    grid = {"batch": batch or max(s.batch_sizes), "input_len": input_len or s.input_lengths[0],
+            "output_len": output_len or s.output_lengths[0]}  # fmt: skip
+    rows = size_mod.summary_rows(size_mod.fits_table(card, chosen, names, **grid, assumptions=Assumptions(mbu=mbu)))
+    table = Table(
+        title=f"{model}: fits on one GPU at batch {grid['batch']}, {grid['input_len']} in / {grid['output_len']} "
+        f"out (90 % of memory, 1 GiB reserve; decode at {mbu:.0%} of peak bandwidth, TTFT at peak FLOP/s)"
+    )
+    for col in rows[0] if rows else []:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*r.values())
+    out.print(table)
+    if log:
+        tracker = _tracker(model)
+        for p in chosen:
+            size_mod.size(card, p, tracker)
+    _emit_json({"model": model, "grid": grid, "mbu": mbu, "rows": rows}, as_json)
+
+
 def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
     """Print the gate's table and decision; exit 1 when nothing ships."""
     table = Table(title=f"gate: {decision.model} (baseline {decision.policy['baseline']})")

@@ -179,6 +179,15 @@ def memory_rule(policy: Gate, build: Measured) -> Rule:
     return Rule("memory", verdict, f"memory: {where} vs budget {policy.memory_budget_gb:g} GB: {verdict}")
 
 
+def fit_rule(fits: list) -> Rule:
+    """Every GPU the policy names must hold the build on one device (eval/sizing.py's projection)."""
+    where = ", ".join(f"{f.gpu} {f.total_gb:.3g} of {f.usable_gb:.3g} GB" for f in fits)
+    missing = [f.gpu for f in fits if not f.fits]
+    verdict = FAIL if missing else PASS
+    text = f"fit: {where}" + (f"; does not fit {', '.join(missing)}" if missing else "")
+    return Rule("fit", verdict, f"{text}: {verdict}")
+
+
 def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | None, str]:
     """The build that ships among those that passed, and why.
 
@@ -373,6 +382,12 @@ def decide(card: ModelCard) -> Decision:
         rules = [task_rule(t, c) for t, c in tasks.items()]
         fast, up = speed_rule(policy, speed, base_speed, base_bytes / weight_bytes)
         rules += [fast, memory_rule(policy, speed)]
+        if policy.must_fit:
+            from pipelines.size import fits_table
+
+            s = card.speed
+            grid = {"batch": max(s.batch_sizes), "input_len": s.input_lengths[0], "output_len": s.output_lengths[0]}
+            rules.append(fit_rule(fits_table(card, [precision], policy.must_fit, **grid)))
         verdict = combine([r.verdict for r in rules])
         verdicts.append(BuildVerdict(precision, verdict, rules, tasks, speed, up))
     chosen, why = choose(verdicts, policy.prefer, policy.tie_tolerance)

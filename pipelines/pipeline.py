@@ -1,9 +1,9 @@
 """`qeval run`: every stage that exists, for every build of a card, in order.
 
-quantize (every precision; the baseline only records its size), then evaluate, bench and serve
-(every build), then the gate and the report over all builds. The size stage joins when it is built.
-Each build stage is cached, so a rerun costs seconds; the first stage that fails stops the run with
-its error, and everything done before it stays.
+quantize (every precision; the baseline only records its size), then evaluate, bench, serve and
+size (every build), then the gate and the report over all builds. Each build stage is cached, so a
+rerun costs seconds; the first stage that fails stops the run with its error, and everything done
+before it stays.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pipelines.gate import Decision, gate
 from pipelines.quantize import quantize
 from pipelines.report import report
 from pipelines.serve_bench import serve_bench
+from pipelines.size import size
 from pipelines.stages import StageRecord
 from pipelines.tracking import Tracker
 
@@ -30,6 +31,7 @@ STAGES: dict[str, Callable[..., StageRecord]] = {
     "evaluate": evaluate,
     "bench": bench,
     "serve": serve_bench,
+    "size": size,
 }
 
 

@@ -202,6 +202,27 @@ def policy_text(card: ModelCard) -> str:
     return "; ".join(parts)
 
 
+def fits_section(card: ModelCard) -> list[str]:
+    """The projected fits-on table for the card's target GPUs (eval/sizing.py), as Markdown lines."""
+    if not card.target_gpus:
+        return []
+    from pipelines.size import fits_table, summary_rows
+
+    s = card.speed
+    grid = {"batch": max(s.batch_sizes), "input_len": s.input_lengths[0], "output_len": s.output_lengths[0]}
+    rows = summary_rows(fits_table(card, card.precisions, card.target_gpus, **grid))
+    names = list(rows[0])
+    return [
+        "",
+        f"## Projected fit on the target GPUs (batch {grid['batch']}, {grid['input_len']} in / "
+        f"{grid['output_len']} out; 90 % of memory, 1 GiB reserve; decode at peak bandwidth, TTFT at peak FLOP/s)",
+        "",
+        "| " + " | ".join(names) + " |",
+        "|" + "---|" * len(names),
+        *("| " + " | ".join(r[n] for n in names) + " |" for r in rows),
+    ]
+
+
 def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts: list[str]) -> str:
     names = list(cols)
     lines = [
@@ -216,6 +237,7 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
     ]
     for i in range(len(cols["build"])):
         lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
+    lines += fits_section(card)
     lines += ["", "## Reasons", ""]
     for b in decision.builds:
         lines.append(f"- **{b.precision}: {b.verdict}**")
