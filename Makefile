@@ -13,7 +13,7 @@ MODELS    := $(patsubst pipelines/models/%.yaml,%,$(wildcard pipelines/models/*.
 # pulls a multi-GB CUDA build (see README, "Set-up").
 TORCH     := torch==2.13.0
 
-.PHONY: run test test-fast lint models all quantize evaluate bench serve-bench gate report ui quality venv browser clean-venv
+.PHONY: run test test-fast lint models all quantize evaluate bench serve-bench size gate report ui quality venv browser clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -47,6 +47,9 @@ evaluate: $(STAMP)
 
 serve-bench: $(STAMP)
 	$(QEVAL) serve-bench --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
+
+size: $(STAMP)
+	$(QEVAL) size --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
 
 gate: $(STAMP)
 	$(QEVAL) gate --model $(MODEL)

@@ -77,6 +77,20 @@ def test_speed_rule_in_the_server_regime_uses_goodput():
     assert speed_rule(policy, build, none, 2.0)[0].verdict == INCONCLUSIVE  # nothing to compare with
 
 
+def test_fit_rule_names_the_gpus_a_build_does_not_fit():
+    from eval.gpus import get_gpu
+    from eval.sizing import Shape, fit
+    from pipelines.gate import fit_rule
+
+    llama8b = Shape(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256,
+                    tied=False)  # fmt: skip
+    grid = {"batch": 32, "input_len": 2048, "output_len": 128}
+    bf16 = fit_rule([fit(llama8b, "bf16", get_gpu(g), **grid) for g in ("h100-sxm", "l4")])
+    assert bf16.verdict == FAIL and "does not fit l4" in bf16.reason
+    awq = fit_rule([fit(llama8b, "awq", get_gpu(g), **grid) for g in ("h100-sxm", "l4")])
+    assert awq.verdict == PASS and "l4" in awq.reason
+
+
 def test_memory_rule():
     m = Measured(100.0, 1.5, 1.0, "native")
     assert memory_rule(Gate(memory_budget_gb=2), m).verdict == PASS
