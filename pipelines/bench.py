@@ -12,10 +12,9 @@ from pathlib import Path
 
 import eval.engine as engine
 import eval.speed as speed
-from pipelines.cards import ModelCard, offline_env
+from pipelines.cards import ModelCard, architecture_config, offline_env
 from pipelines.child import run_child
 from pipelines.errors import QevalError
-from pipelines.paths import resolve_repo_path
 from pipelines.quantize import checkpoint_for
 from pipelines.stages import StageOutput, StageRecord, file_digest, read_manifest, run_stage, stage_dir
 from pipelines.tracking import Tracker
@@ -107,14 +106,7 @@ def _shape(card: ModelCard, precision: str) -> tuple[str, str]:
         raise QevalError(
             f"--no-weights measures the {card.gate.baseline} baseline only: random weights are not quantized"
         )
-    if card.source.config:
-        path = resolve_repo_path(card.source.config)
-    elif card.source.path:
-        path = resolve_repo_path(card.source.path) / "config.json"
-    else:
-        raise QevalError(f"model '{card.name}': --no-weights needs source.config (a config.json) in its card")
-    if not path.is_file():
-        raise QevalError(f"model '{card.name}': no architecture config at {path}")
+    path = architecture_config(card, "--no-weights")
     return str(path), file_digest([path])
 
 

@@ -291,6 +291,19 @@ def weights_identity(card: ModelCard, folder: str) -> str:
     return file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
 
 
+def architecture_config(card: ModelCard, purpose: str) -> Path:
+    """The config.json that gives the model's architecture: `source.config`, else the local checkpoint's."""
+    if card.source.config:
+        path = resolve_repo_path(card.source.config)
+    elif card.source.path:
+        path = resolve_repo_path(card.source.path) / "config.json"
+    else:
+        raise QevalError(f"model '{card.name}': {purpose} needs source.config (a config.json) in its card")
+    if not path.is_file():
+        raise QevalError(f"model '{card.name}': no architecture config at {path}")
+    return path
+
+
 def offline_env(card: ModelCard) -> dict[str, str]:
     """Environment for the children: a card with local weights runs without the hub (nothing is fetched,
     nothing waits on a network), unless QEVAL_ALLOW_HUB=1 (for a local model with hub tasks)."""

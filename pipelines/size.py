@@ -15,9 +15,8 @@ from typing import Any
 
 import eval.gpus as gpus
 import eval.sizing as sizing
-from pipelines.cards import ModelCard
+from pipelines.cards import ModelCard, architecture_config
 from pipelines.errors import QevalError
-from pipelines.paths import resolve_repo_path
 from pipelines.stages import StageOutput, StageRecord, file_digest, read_manifest, run_stage, stage_dir
 from pipelines.tracking import Tracker
 
@@ -26,12 +25,7 @@ STAGE = "size"
 
 def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
     """The model's shape from `source.config` or the local checkpoint's config.json."""
-    if card.source.config:
-        path = resolve_repo_path(card.source.config)
-    elif card.source.path:
-        path = resolve_repo_path(card.source.path) / "config.json"
-    else:
-        raise QevalError(f"model '{card.name}': sizing needs source.config (a config.json) in its card")
+    path = architecture_config(card, "sizing")
     try:
         return sizing.Shape.from_config(json.loads(path.read_text())), path
     except (OSError, ValueError, KeyError) as e:
