@@ -320,16 +320,6 @@ class Tracker:
         with suppress(MlflowException):  # no registered model or no alias yet
             self.client.delete_registered_model_alias(registered_model_name(self.model), SHIP_ALIAS)
 
-    def shipped(self) -> tuple[str, str] | None:
-        """(version, run id) the alias `ship` points at, if any."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            v = self.client.get_model_version_by_alias(registered_model_name(self.model), SHIP_ALIAS)
-        except MlflowException:
-            return None
-        return str(v.version), v.run_id
-
     def log_summary(self, params: Mapping[str, object], file: Path, artifact_path: str, **tags: str) -> str:
         """Log the gate's policy (params), a result file and tags to the model's summary run."""
         flat = {f"gate.{k}": json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in params.items()}
