@@ -111,7 +111,8 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
                 f"size/{f.gpu}/decode_tps_ceiling": f.decode_tps_per_user,
                 f"size/{f.gpu}/ttft_ms_floor": f.ttft_ms,
             }
-        metrics |= bench_check(card, precision, shape)
+        checked = bench_check(card, precision, shape)
+        metrics |= checked
         table = [f.__dict__ for f in rows]
         (out / "fits.json").write_text(json.dumps(table, indent=2) + "\n")
         return StageOutput(
@@ -121,7 +122,7 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
                 "size.weights": "checkpoint files" if weights is not None else "from config",
                 "size.assumptions": json.dumps(sizing.Assumptions().__dict__),
             },
-            summary={"fits": table, **bench_check(card, precision, shape)},
+            summary={"fits": table, **checked},
         )
 
     return run_stage(tracker, precision, STAGE, inputs, _code(), work, force=force)
