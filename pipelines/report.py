@@ -17,7 +17,8 @@ matplotlib.use("Agg")  # files only, no screen
 import matplotlib.pyplot as plt
 
 from pipelines.cards import ModelCard
-from pipelines.gate import BASELINE, FAIL, INCONCLUSIVE, PASS, Decision, judged_users, speed_label
+from pipelines.gate import BASELINE, FAIL, INCONCLUSIVE, PASS, Decision, speed_label
+from pipelines.gate_inputs import judged_users
 from pipelines.paths import workdir
 from pipelines.stages import read_manifest, stage_dir
 from pipelines.tracking import Tracker

@@ -17,15 +17,13 @@ from pipelines.gate import (
     NOT_GATED,
     PASS,
     BuildVerdict,
-    Measured,
     choose,
     combine,
-    leaves,
     memory_rule,
     speed_rule,
     task_rule,
-    task_threshold,
 )
+from pipelines.gate_inputs import Measured, leaves, task_threshold
 from pipelines.report import pareto
 
 
