@@ -4,8 +4,9 @@ Each grid point: `warmup` untimed generations, then `repeats` timed ones of exac
 tokens (greedy, EOS ignored) after a synthetic prompt of exactly `input_len` random token ids. A
 streamer timestamps every new token after synchronizing the device, so TTFT (prefill + first token),
 inter-token latency, TPOT and end-to-end latency all come from the same clock. Medians and p90s are
-reported with the sample count. On CUDA the KV cache is static and decode is compiled (as gpt-fast
-does); elsewhere generation is eager. An out-of-memory point is a result ("oom"), not a crash.
+reported with the sample count. On CUDA (or when asked) the KV cache is static and the decode step is
+compiled (as gpt-fast does); a build that cannot compile runs eager and says why; elsewhere generation
+is eager with a dynamic cache. An out-of-memory point is a result ("oom"), not a crash.
 The pipeline runs bench_engine() in a fresh process per build (pipelines/child.py).
 """
 
@@ -79,6 +80,7 @@ class EngineResult(BaseModel):
     bandwidth_gb_s: float
     bandwidth_source: str
     chars_per_token: float | None
+    compile_error: str | None = Field(None, description="why torch.compile was asked for but the build ran eager")
     memory: str = Field(description="what peak_mem_bytes measures")
     versions: dict[str, str]
     points: list[PointResult]
@@ -167,29 +169,73 @@ def _chars_per_token(tokenizer) -> float | None:
     return len(text) / len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _run_point(model, cfg: EngineConfig, batch: int, input_len: int, output_len: int, sync, static: bool):
+def _compile_config(cuda: bool):
+    """Decode-only compilation, as gpt-fast does: generate() runs the prefill eager and compiles the
+    one-token step over the static cache, specialised to each shape (CUDA graphs on CUDA)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else "default")
+    config._compile_all_devices = not cuda  # generate() compiles on CUDA by itself; elsewhere only when asked
+    return config
+
+
+def _decode_setup(model, cfg: EngineConfig, cuda: bool, sync) -> tuple[dict, str, str | None]:
+    """generate() arguments for the grid, the engine's label, and why compilation failed if it did.
+
+    Compilation is tried on the grid's first shape (whose graph the grid then reuses); a build whose
+    forward dynamo cannot trace (compressed-tensors' packed layers, for one) keeps the static cache,
+    runs eager and says why.
+    """
     import torch
 
-    vocab = model.config.vocab_size
+    if not (cfg.compile if cfg.compile is not None else cuda):
+        return {}, "dynamic cache, eager", None
+    grid = len(cfg.batch_sizes) * len(cfg.input_lengths) * len(cfg.output_lengths)
+    # one specialised graph per grid shape; past the limit dynamo would quietly run eager
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, grid + 2)
+    compiled = {"cache_implementation": "static", "compile_config": _compile_config(cuda)}
+    try:
+        _generate(model, cfg, cfg.batch_sizes[0], cfg.input_lengths[0], cfg.output_lengths[0], compiled)
+        sync()
+    except Exception as e:  # whatever dynamo or inductor raised, the build is measured eager
+        torch._dynamo.reset()
+        lines = str(e).strip().splitlines()
+        reason = f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
+        return {"cache_implementation": "static", "disable_compile": True}, "static cache, eager", reason
+    if not hasattr(model, "_compiled_call"):
+        return {"cache_implementation": "static"}, "static cache, eager", "generate() does not compile this model"
+    return compiled, "static cache, decode compiled", None
+
+
+def _generate(model, cfg: EngineConfig, batch: int, input_len: int, output_len: int, extra: dict, streamer=None):
+    """One greedy generation of exactly `output_len` new tokens after `input_len` random token ids."""
+    import torch
+
     gen = torch.Generator().manual_seed(cfg.seed)
-    ids = torch.randint(10, vocab, (batch, input_len), generator=gen).to(model.device)
-    kwargs = {
-        "attention_mask": torch.ones_like(ids),
-        "max_new_tokens": output_len,
-        "min_new_tokens": output_len,  # forced length: EOS may not end a sequence early
-        "do_sample": False,
-        "pad_token_id": 0,
-    }
-    if static:
-        kwargs["cache_implementation"] = "static"
+    ids = torch.randint(10, model.config.vocab_size, (batch, input_len), generator=gen).to(model.device)
+    with torch.no_grad():
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=output_len,
+            min_new_tokens=output_len,  # forced length: EOS may not end a sequence early
+            do_sample=False,
+            pad_token_id=0,
+            streamer=streamer,
+            **extra,
+        )
+
+
+def _run_point(model, cfg: EngineConfig, batch: int, input_len: int, output_len: int, sync, extra: dict):
+    # a compiled decode step compiles again for each new shape: never time the first call
+    warmup = max(cfg.warmup, 1) if "compile_config" in extra else cfg.warmup
     runs = []
-    for i in range(cfg.warmup + cfg.repeats):
+    for i in range(warmup + cfg.repeats):
         clock = _Clock(sync)
         sync()
         t0 = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, streamer=clock, **kwargs)
-        if i >= cfg.warmup:
+        _generate(model, cfg, batch, input_len, output_len, extra, clock)
+        if i >= warmup:
             runs.append((t0, clock.times))
     return runs
 
@@ -201,10 +247,7 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    static = cfg.compile if cfg.compile is not None else cuda
     model, tokenizer = _load(cfg, device)
-    if static:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     c = model.config
     heads = c.num_attention_heads
     kv_token = speed.kv_bytes_per_token(
@@ -221,18 +264,20 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
     else:
         bandwidth, source = measure_copy_bandwidth(device, sync), "measured (memory copy, best of 5)"
     chars = _chars_per_token(tokenizer)
+    extra, engine, compile_error = _decode_setup(model, cfg, cuda, sync)
     points = []
     for b in cfg.batch_sizes:
         for i in cfg.input_lengths:
             for o in cfg.output_lengths:
-                points.append(_point(model, cfg, b, i, o, sync, static, cuda, weight_bytes, kv_token, bandwidth, chars))
+                points.append(_point(model, cfg, b, i, o, sync, extra, cuda, weight_bytes, kv_token, bandwidth, chars))
     result = EngineResult(
         precision=cfg.precision,
         device=device,
         device_name=torch.cuda.get_device_name()
         if cuda
         else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()}",
-        engine=f"transformers generate, {'static cache + torch.compile' if static else 'dynamic cache, eager'}",
+        engine=f"transformers generate, {engine}",
+        compile_error=compile_error,
         dtype=cfg.dtype,
         kernels="emulated (weights dequantized to " + cfg.dtype + ")" if cfg.quantized else "native",
         no_weights=cfg.no_weights,
@@ -249,18 +294,18 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
     return result
 
 
-def _point(model, cfg, b, i, o, sync, static, cuda, weight_bytes, kv_token, bandwidth, chars) -> PointResult:
+def _point(model, cfg, b, i, o, sync, extra, cuda, weight_bytes, kv_token, bandwidth, chars) -> PointResult:
     import torch
 
     try:
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            runs = _run_point(model, cfg, b, i, o, sync, static)
+            runs = _run_point(model, cfg, b, i, o, sync, extra)
             peak = torch.cuda.max_memory_allocated()
         else:
             with _RssPeak() as rss:
-                runs = _run_point(model, cfg, b, i, o, sync, static)
+                runs = _run_point(model, cfg, b, i, o, sync, extra)
             peak = rss.peak
     except (torch.cuda.OutOfMemoryError, MemoryError):
         return PointResult(batch=b, input_len=i, output_len=o, status="oom")

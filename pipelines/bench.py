@@ -45,6 +45,7 @@ def bench(
         output_lengths=s.output_lengths,
         warmup=s.warmup,
         repeats=s.repeats,
+        compile=s.compile,
         quantized=precision != card.gate.baseline,
         trust_remote_code=card.source.trust_remote_code,
     )
@@ -120,6 +121,14 @@ def _speedup(baseline: dict, result: engine.EngineResult, ok: list[engine.PointR
     up = small.decode_tps_per_user / base
     ratio = baseline["summary"]["weight_bytes"] / result.weight_bytes
     suspect = speed.speedup_is_suspect(up, ratio)
+    same = baseline["summary"].get("engine") == result.engine
+    if not same:
+        log.warning(
+            "%s: measured with %s, the baseline with %s: the speed-up compares different harnesses",
+            result.precision,
+            result.engine,
+            baseline["summary"].get("engine"),
+        )
     if suspect:
         log.warning(
             "%s: decode speed-up %.2fx over the baseline exceeds the %.2fx its weight bytes allow: suspect",
@@ -127,7 +136,12 @@ def _speedup(baseline: dict, result: engine.EngineResult, ok: list[engine.PointR
             up,
             ratio,
         )
-    return {"speedup_vs_baseline": up, "byte_ratio_vs_baseline": ratio, "speedup_suspect": suspect}
+    return {
+        "speedup_vs_baseline": up,
+        "byte_ratio_vs_baseline": ratio,
+        "speedup_suspect": suspect,
+        "same_engine_as_baseline": same,
+    }
 
 
 def _code() -> list[Path]:

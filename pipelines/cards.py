@@ -88,6 +88,9 @@ class Speed(_Strict):
     concurrency: list[PositiveInt] = Field([1], min_length=1, description="server concurrency levels")
     warmup: int = Field(2, ge=0, description="untimed runs before measuring")
     repeats: PositiveInt = Field(5, description="timed runs per grid point")
+    compile: bool | None = Field(
+        None, description="engine bench: static KV cache and compiled decode; null: on CUDA only, false: eager"
+    )
     slo: Slo
 
 

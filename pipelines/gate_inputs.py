@@ -28,6 +28,7 @@ class Measured:
     weights_gb: float
     kernels: str
     regime: str = "engine"
+    engine: str = ""  # engine: how generate() ran (cache, compiled or eager)
     goodput: float | None = None  # server: requests/s that met the SLO at the policy's users
     users_at_slo: int | None = None  # server: the most concurrent users that met the SLO
 
@@ -75,6 +76,7 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
         weights_gb=float(done["metrics"]["mem/weights_gb"]),
         kernels=done["params"].get("engine.kernels", "unknown"),
         regime=card.gate.speed_regime,
+        engine=done["params"].get("engine.engine", ""),
         **_server(card, precision),
     )
     return m, float(done["summary"]["weight_bytes"])

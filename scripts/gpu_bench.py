@@ -29,10 +29,11 @@ def main() -> None:
     p.add_argument("--input", type=int, default=128)
     p.add_argument("--output", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--config", type=Path, default=SHAPE, help="a config.json giving the shape")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         shape = Path(tmp) / "config.json"
-        shape.write_text(SHAPE.read_text())
+        shape.write_text(args.config.read_text())
         cfg = EngineConfig(
             checkpoint=tmp,
             precision="bf16",
@@ -44,7 +45,9 @@ def main() -> None:
             repeats=args.repeats,
         )
         result = bench_engine(cfg, Path(tmp))
-    print(f"{result.device_name}, {result.engine}, {result.dtype}, random weights of Llama-2-7B's shape")
+    print(f"{result.device_name}, {result.engine}, {result.dtype}, random weights of {args.config.stem}'s shape")
+    if result.compile_error:
+        print(f"torch.compile failed, measured eager: {result.compile_error}")
     print(
         f"weights {result.weight_bytes / 1e9:.2f} GB, peak bandwidth {result.bandwidth_gb_s:.0f} GB/s "
         f"({result.bandwidth_source}), {args.input} in / {args.output} out, median of {args.repeats}"

@@ -83,6 +83,33 @@ def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
     assert result.weight_bytes >= 2 * params and result.points[0].status == "ok"
 
 
+def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_card, builds, tmp_path):
+    """The GPU path (static cache, decode compiled by torch.compile) on CPU, where it is opt-in."""
+    from eval.engine import EngineConfig, bench_engine
+    from pipelines.quantize import checkpoint_for
+
+    results = {}
+    for precision in ("bf16", "gptq"):
+        cfg = EngineConfig(
+            checkpoint=checkpoint_for(small_card, precision)[0],
+            precision=precision,
+            batch_sizes=[2],
+            input_lengths=[16],
+            output_lengths=[8],
+            warmup=0,
+            repeats=2,
+            compile=True,
+        )
+        results[precision] = bench_engine(cfg, tmp_path)
+    bf16, gptq = results["bf16"], results["gptq"]
+    assert bf16.engine.endswith("static cache, decode compiled") and bf16.compile_error is None
+    # compressed-tensors' packed layers do not trace: the build is measured eager, and it says why
+    assert gptq.engine.endswith("static cache, eager") and gptq.compile_error
+    for r in results.values():
+        (p,) = r.points
+        assert p.status == "ok" and p.repeats == 2 and 0 < p.ttft_ms_p50 < p.e2e_ms_p50 and 0 < p.mbu < 1
+
+
 def test_no_weights_from_the_card_is_labelled_as_such(small_card):
     record = bench(small_card, "bf16", Tracker(small_card.name), no_weights=True)
     assert record.summary["no_weights"] is True and record.summary["chars_per_token"] is None

@@ -65,6 +65,17 @@ def test_speed_rule():
     assert rule.verdict == NOT_GATED and "0.40x" in rule.reason and "emulated" in rule.reason
 
 
+def test_speed_rule_wants_one_harness():
+    compiled = "transformers generate, static cache, decode compiled"
+    base = Measured(100.0, 2.0, 16.0, "native", engine=compiled)
+    eager = Measured(150.0, 1.2, 8.0, "native", engine="transformers generate, static cache, eager")
+    rule = speed_rule(Gate(min_speedup=1.2), eager, base, 2.0)[0]
+    assert rule.verdict == INCONCLUSIVE and "not the same harness" in rule.reason
+    assert speed_rule(Gate(min_speedup=None), eager, base, 2.0)[0].verdict == NOT_GATED
+    alike = Measured(150.0, 1.2, 8.0, "native", engine=compiled)
+    assert speed_rule(Gate(min_speedup=1.2), alike, base, 2.0)[0].verdict == PASS
+
+
 def test_speed_rule_in_the_server_regime_uses_goodput():
     policy = Gate(speed_regime="server", min_speedup=1.1)
     base = Measured(100.0, 2.0, 16.0, "native", "server", goodput=4.0, users_at_slo=8)
