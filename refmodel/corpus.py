@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
+MODEL_DIR = Path(__file__).resolve().parent / "ref-lm"  # the trained checkpoint that ships
 HELDOUT_FILE = DATA_DIR / "heldout.jsonl"
 CALIBRATION_FILE = DATA_DIR / "calibration.jsonl"
 SPLITS_FILE = DATA_DIR / "splits.json"

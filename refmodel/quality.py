@@ -70,9 +70,7 @@ def measure_quality(model_dir: Path) -> dict:
 
 
 def main() -> None:
-    from refmodel.train import MODEL_DIR
-
-    q = measure_quality(MODEL_DIR)
+    q = measure_quality(corpus.MODEL_DIR)
     size = f"{q['heldout_chapters']} chapters, {q['heldout_bytes']} bytes, {q['heldout_tokens']} tokens"
     print(f"held-out: {size}")
     print(f"ref-lm  bits per byte: {q['model_bits_per_byte']:.4f}")

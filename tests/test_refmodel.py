@@ -11,7 +11,6 @@ from safetensors import safe_open
 
 from refmodel import corpus
 from refmodel.quality import UNIGRAM_FILE, measure_quality, unigram_bits
-from refmodel.train import MODEL_DIR
 
 SAMPLE = """
 Genesis 1
@@ -50,11 +49,11 @@ def test_committed_splits_match_their_digests():
 
 
 def test_every_linear_input_width_is_divisible_by_128():
-    with safe_open(str(MODEL_DIR / "model.safetensors"), "pt") as f:
+    with safe_open(str(corpus.MODEL_DIR / "model.safetensors"), "pt") as f:
         for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
             if name.endswith("proj.weight") or name == "lm_head.weight":
                 assert f.get_slice(name).get_shape()[1] % 128 == 0, name
-    assert (MODEL_DIR / "model.safetensors").stat().st_size < 50e6
+    assert (corpus.MODEL_DIR / "model.safetensors").stat().st_size < 50e6
 
 
 def test_unigram_bits_by_hand():
@@ -64,7 +63,7 @@ def test_unigram_bits_by_hand():
 
 @pytest.mark.slow
 def test_model_beats_unigram_and_matches_the_committed_figures():
-    q = measure_quality(MODEL_DIR)
+    q = measure_quality(corpus.MODEL_DIR)
     committed = json.loads((corpus.DATA_DIR / "quality.json").read_text())
     assert q["model_bits_per_byte"] == pytest.approx(committed["model_bits_per_byte"], abs=2e-3)
     assert q["unigram_bits_per_byte"] == pytest.approx(committed["unigram_bits_per_byte"], abs=1e-4)
