@@ -1,7 +1,7 @@
 """Calibration text for the precisions that need it: read, cleaned, tokenized, digested.
 
 Empty samples are dropped (an empty text tokenizes to an empty float tensor and fails deep inside
-the model, shared/TOOLCHAIN.md), and so are samples shorter than MIN_TOKENS tokens.
+the model, docs/toolchain.md), and so are samples shorter than MIN_TOKENS tokens.
 """
 
 from __future__ import annotations

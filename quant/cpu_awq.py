@@ -2,7 +2,7 @@
 
 llm-compressor 0.14.0.1's AWQ calls `IntermediatesCache.pin_memory()` (modifiers/transform/awq/base.py),
 which calls `tensor.pin_memory()`; with no accelerator present that raises "Cannot access accelerator
-device when none is available" (shared/TOOLCHAIN.md). Pinned host memory only speeds up copies to a
+device when none is available" (docs/toolchain.md). Pinned host memory only speeds up copies to a
 device, so where there is no device skipping it changes nothing else. tests/test_quantize.py checks
 that the upstream call still fails without the patch, so the patch is dropped once upstream fixes it.
 """
