@@ -1,1 +1,1 @@
-"""Measuring a build: accuracy (lm-eval), and later speed, memory and sizing."""
+"""Measuring a build: accuracy (lm-eval), engine and server speed, memory, sizing, and paired statistics."""

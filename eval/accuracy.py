@@ -1,16 +1,19 @@
-"""Accuracy of one build with lm-evaluation-harness (the only module that imports lm_eval).
+"""Accuracy of one build with lm-evaluation-harness: the only module that imports lm_eval or reads its formats.
 
 evaluate_accuracy() writes lm_eval_results.json (lm-eval's own result document, samples removed) and
-samples_<task>.jsonl (per-document records, for paired statistics) to its output folder. The
-pipeline runs it in a fresh process per build (pipelines/child.py).
+samples_<task>.jsonl (per-document records, for paired statistics) to its output folder, and returns
+the scores normalised: one Metric per (task, metric, filter), `metric,filter` keys and "N/A" stderrs
+resolved here. document_metrics() and documents() read the per-document records back, pooling a
+group's subtasks; task_files() lists a local task folder's YAMLs and the data files they name. The
+pipeline runs evaluate_accuracy() in a fresh process per build (pipelines/child.py).
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import resource
 import time
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from quant.registry import suggest
 
 
 class AccuracyConfig(BaseModel):
@@ -39,23 +44,47 @@ class AccuracyConfig(BaseModel):
         description="dtype of log-softmax and log-likelihood sums: in bf16 a chapter's sum is rounded to "
         "steps of 16 nats, hiding the small differences between builds that matter here",
     )
+    bootstrap_iters: int = Field(1000, ge=0, description="lm-eval's bootstrap resamples for metric stderrs")
     trust_remote_code: bool = False
     backend: Literal["auto", "hf", "vllm"] = Field("auto", description="vllm where installed and on a GPU")
 
 
-class AccuracyResult(BaseModel):
-    """lm-eval's `results` section plus what is needed to reproduce and trust it."""
+class Metric(BaseModel):
+    """One aggregate lm-eval reports for a task: a metric under a filter, with its stderr."""
 
-    results: dict[str, dict[str, Any]]
+    name: str = Field(description="lm-eval's metric name: acc, acc_norm, bits_per_byte, exact_match ...")
+    filter: str = Field("none", description="lm-eval's filter; `none` for most tasks, gsm8k's strict-match")
+    value: float
+    stderr: float | None = Field(None, description="None where lm-eval gives none ('N/A')")
+    higher_is_better: bool = True
+
+    @property
+    def id(self) -> str:
+        """The metric's name, with its filter where that is not `none`: `acc`, `exact_match/strict-match`."""
+        return self.name if self.filter == "none" else f"{self.name}/{self.filter}"
+
+
+class AccuracyResult(BaseModel):
+    """lm-eval's scores, normalised, plus what is needed to reproduce and trust them."""
+
+    scores: dict[str, list[Metric]] = Field(description="per task (and group), every numeric metric reported")
+    groups: dict[str, list[str]] = Field({}, description="a group's subtasks, as lm-eval nests them")
     n_samples: dict[str, int] = Field(description="documents evaluated per task")
     versions: dict[str, Any] = Field(description="task versions as lm-eval reports them")
-    higher_is_better: dict[str, dict[str, bool]] = Field(description="per task and metric, from lm-eval")
     chance: dict[str, float | None] = Field(description="chance level per task (task metadata `chance`)")
     datasets: dict[str, dict[str, Any]] = Field(description="per task: data source and sha256 of local files")
     backend: str = Field(description="lm-eval model backend used")
     lm_eval_version: str
     seconds: float
     peak_rss_mb: float = Field(description="peak resident memory of the evaluating process")
+
+    def values(self) -> dict[str, dict[str, float]]:
+        """task -> metric id -> value."""
+        return {t: {m.id: m.value for m in ms} for t, ms in self.scores.items()}
+
+    def higher_is_better(self) -> dict[str, dict[str, bool]]:
+        """task -> metric id -> whether higher is better."""
+        return {t: {m.id: m.higher_is_better for m in ms} for t, ms in self.scores.items()}
 
 
 def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
@@ -88,7 +117,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         batch_size=cfg.batch_size,
         log_samples=True,
         task_manager=manager,
-        bootstrap_iters=1000,
+        bootstrap_iters=cfg.bootstrap_iters,
         random_seed=cfg.seed,
         numpy_random_seed=cfg.seed,
         torch_random_seed=cfg.seed,
@@ -102,10 +131,10 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     (out_dir / "lm_eval_results.json").write_text(json.dumps(out, indent=2, default=str))
     configs = out.get("configs", {})
     return AccuracyResult(
-        results={t: dict(v) for t, v in out["results"].items()},
+        scores=scores(out["results"], out.get("higher_is_better", {})),
+        groups=out.get("group_subtasks") or {},
         n_samples={t: int(v["effective"]) for t, v in out.get("n-samples", {}).items()},
         versions=dict(out.get("versions", {})),
-        higher_is_better={t: dict(v) for t, v in out.get("higher_is_better", {}).items()},
         chance={t: (c.get("metadata") or {}).get("chance") for t, c in configs.items()},
         datasets={t: _dataset_identity(c) for t, c in configs.items()},
         backend=backend,
@@ -128,8 +157,7 @@ def _load_tasks(names: list[str], manager) -> list:
 
     for name in names:
         if name not in manager.all_tasks:
-            close = difflib.get_close_matches(name, manager.all_tasks, n=3)
-            hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+            hint = suggest(name, manager.all_tasks, n=3)
             raise ValueError(f"unknown lm-eval task '{name}'{hint}; list them with `lm-eval ls tasks`")
     tasks = []
     for name in names:
@@ -160,3 +188,94 @@ def _dataset_identity(config: dict) -> dict[str, Any]:
         if local
         else None,
     }
+
+
+# ---- lm-eval's formats, read here and nowhere else -------------------------------------------------
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def scores(results: dict[str, dict[str, Any]], higher_is_better: dict[str, dict[str, bool]]) -> dict[str, list[Metric]]:
+    """lm-eval's `results` section (keys `metric,filter`, stderrs as `metric_stderr,filter`) as Metrics."""
+    out: dict[str, list[Metric]] = {}
+    for task, values in results.items():
+        metrics = []
+        for key, value in values.items():
+            name, sep, filt = key.partition(",")
+            if not sep or name.endswith("_stderr") or _number(value) is None:
+                continue  # `alias`, `samples`, stderrs (taken with their metric), text
+            metrics.append(
+                Metric(
+                    name=name,
+                    filter=filt or "none",
+                    value=_number(value),
+                    stderr=_number(values.get(f"{name}_stderr,{filt}")),
+                    higher_is_better=(higher_is_better.get(task) or {}).get(name, True),
+                )
+            )
+        out[task] = metrics
+    return out
+
+
+def leaves(task: str, groups: dict[str, list[str]]) -> list[str]:
+    """The tasks with per-document records under `task`: itself, or a group's subtasks, recursively."""
+    if task not in groups:
+        return [task]
+    return [leaf for sub in groups[task] for leaf in leaves(sub, groups)]
+
+
+def _samples(folder: Path, task: str) -> Path:
+    path = folder / f"samples_{task}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no per-document records {path}")
+    return path
+
+
+def document_metrics(folder: Path, result: AccuracyResult, task: str) -> list[Metric]:
+    """The task's reported metrics that also have per-document values (a group: those of its first leaf)."""
+    first = leaves(task, result.groups)[0]
+    with _samples(folder, first).open() as f:
+        row = json.loads(f.readline())
+    reported = result.scores.get(task) or result.scores.get(first) or []
+    return [m for m in reported if m.name in row]
+
+
+def documents(folder: Path, result: AccuracyResult, task: str, metric: Metric) -> dict[tuple[str, Any], Any]:
+    """(task, doc_id) -> the metric's per-document value: a score, or [log-likelihood, length] for
+    perplexity-type metrics. A group's documents are pooled, which weighs each subtask by its size as
+    lm-eval's groups do."""
+    out = {}
+    for leaf in leaves(task, result.groups):
+        with _samples(folder, leaf).open() as f:
+            for line in f:
+                row = json.loads(line)
+                if row.get("filter", metric.filter) == metric.filter and metric.name in row:
+                    value = row[metric.name]
+                    out[(leaf, row["doc_id"])] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def task_files(include: Path, root: Path) -> list[Path]:
+    """A local task folder's YAMLs and the data files they name (relative to `root`, where lm-eval runs),
+    so that editing either reruns a stage."""
+    import yaml
+
+    class _TaskYamlLoader(yaml.SafeLoader):
+        """Reads task YAMLs, whose `!function` tags name Python code not needed here."""
+
+    _TaskYamlLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    files = sorted(include.glob("*.yaml"))
+    for f in list(files):
+        spec = yaml.load(f.read_text(), Loader=_TaskYamlLoader) or {}
+        data_files = (spec.get("dataset_kwargs") or {}).get("data_files") or {}
+        for value in data_files.values() if isinstance(data_files, dict) else [data_files]:
+            path = Path(value) if isinstance(value, str) else None
+            if path is not None and not path.is_absolute():
+                path = root / path
+            if path is not None and path.is_file():
+                files.append(path)
+    return files

@@ -18,6 +18,8 @@ import platform
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eval import speed
 from eval.gpus import peak_bandwidth
+from eval.sizing import Shape
 
 
 class EngineConfig(BaseModel):
@@ -175,7 +178,10 @@ def _compile_config(cuda: bool):
     from transformers import CompileConfig
 
     config = CompileConfig(fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else "default")
-    config._compile_all_devices = not cuda  # generate() compiles on CUDA by itself; elsewhere only when asked
+    # generate() compiles by itself only on CUDA-like devices; CompileConfig._compile_all_devices is the
+    # flag its auto-compile check reads to do so elsewhere (transformers 5.17, generation/utils.py,
+    # _valid_auto_compile_criteria), which is how the compiled path is tested on a CPU.
+    config._compile_all_devices = not cuda
     return config
 
 
@@ -202,6 +208,8 @@ def _decode_setup(model, cfg: EngineConfig, cuda: bool, sync) -> tuple[dict, str
         lines = str(e).strip().splitlines()
         reason = f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
         return {"cache_implementation": "static", "disable_compile": True}, "static cache, eager", reason
+    # get_compiled_call() caches the compiled forward as model._compiled_call (transformers 5.17,
+    # modeling_utils.py): its absence after a generate() that should have compiled means it ran eager.
     if not hasattr(model, "_compiled_call"):
         return {"cache_implementation": "static"}, "static cache, eager", "generate() does not compile this model"
     return compiled, "static cache, decode compiled", None
@@ -240,6 +248,21 @@ def _run_point(model, cfg: EngineConfig, batch: int, input_len: int, output_len:
     return runs
 
 
+@dataclass(frozen=True)
+class _Harness:
+    """What every grid point of one build is measured with."""
+
+    model: object
+    cfg: EngineConfig
+    cuda: bool
+    sync: Callable[[], None]
+    generate_args: dict
+    weight_bytes: int
+    kv_bytes_per_token: int
+    bandwidth: float  # bytes/s
+    chars_per_token: float | None
+
+
 def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
     """Benchmark one build over the grid; write grid.csv to `out_dir`."""
     import torch
@@ -248,13 +271,8 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     model, tokenizer = _load(cfg, device)
-    c = model.config
-    heads = c.num_attention_heads
-    kv_token = speed.kv_bytes_per_token(
-        c.num_hidden_layers,
-        getattr(c, "num_key_value_heads", None) or heads,
-        getattr(c, "head_dim", None) or c.hidden_size // heads,
-        torch.finfo(getattr(torch, cfg.dtype)).bits // 8,
+    kv_token = Shape.from_config(model.config.to_dict()).kv_bytes_per_token(
+        torch.finfo(getattr(torch, cfg.dtype)).bits // 8
     )
     weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if cfg.bandwidth_gb_s:
@@ -263,13 +281,9 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
         bandwidth, source = peak_bandwidth(torch.cuda.get_device_name()), "data sheet"
     else:
         bandwidth, source = measure_copy_bandwidth(device, sync), "measured (memory copy, best of 5)"
-    chars = _chars_per_token(tokenizer)
     extra, engine, compile_error = _decode_setup(model, cfg, cuda, sync)
-    points = []
-    for b in cfg.batch_sizes:
-        for i in cfg.input_lengths:
-            for o in cfg.output_lengths:
-                points.append(_point(model, cfg, b, i, o, sync, extra, cuda, weight_bytes, kv_token, bandwidth, chars))
+    h = _Harness(model, cfg, cuda, sync, extra, weight_bytes, kv_token, bandwidth, _chars_per_token(tokenizer))
+    grid = itertools.product(cfg.batch_sizes, cfg.input_lengths, cfg.output_lengths)
     result = EngineResult(
         precision=cfg.precision,
         device=device,
@@ -285,27 +299,28 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
         kv_bytes_per_token=kv_token,
         bandwidth_gb_s=bandwidth / 1e9,
         bandwidth_source=source,
-        chars_per_token=chars,
+        chars_per_token=h.chars_per_token,
         memory="peak CUDA memory allocated" if cuda else "peak resident memory of the process",
         versions={p: metadata.version(p) for p in ("torch", "transformers")},
-        points=points,
+        points=[_point(h, b, i, o) for b, i, o in grid],
     )
     _write_csv(out_dir / "grid.csv", result)
     return result
 
 
-def _point(model, cfg, b, i, o, sync, extra, cuda, weight_bytes, kv_token, bandwidth, chars) -> PointResult:
+def _point(h: _Harness, b: int, i: int, o: int) -> PointResult:
+    """One grid point: its timed runs, or `oom` when it does not fit."""
     import torch
 
     try:
-        if cuda:
+        if h.cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            runs = _run_point(model, cfg, b, i, o, sync, extra)
+            runs = _run_point(h.model, h.cfg, b, i, o, h.sync, h.generate_args)
             peak = torch.cuda.max_memory_allocated()
         else:
             with _RssPeak() as rss:
-                runs = _run_point(model, cfg, b, i, o, sync, extra)
+                runs = _run_point(h.model, h.cfg, b, i, o, h.sync, h.generate_args)
             peak = rss.peak
     except (torch.cuda.OutOfMemoryError, MemoryError):
         return PointResult(batch=b, input_len=i, output_len=o, status="oom")
@@ -314,7 +329,7 @@ def _point(model, cfg, b, i, o, sync, extra, cuda, weight_bytes, kv_token, bandw
     itl = [(t1 - t0) * 1e3 for _, times in runs for t0, t1 in itertools.pairwise(times)]
     tpot = statistics.median(speed.tpot_s(a / 1e3, z / 1e3, o) for a, z in zip(ttft, e2e, strict=True)) * 1e3
     per_user = 1e3 / tpot if o > 1 else None
-    step_bytes = speed.decode_step_bytes(weight_bytes, kv_token, b, i + o // 2)
+    step_bytes = speed.decode_step_bytes(h.weight_bytes, h.kv_bytes_per_token, b, i + o // 2)
     return PointResult(
         batch=b,
         input_len=i,
@@ -330,9 +345,9 @@ def _point(model, cfg, b, i, o, sync, extra, cuda, weight_bytes, kv_token, bandw
         e2e_ms_p90=speed.percentile(e2e, 90),
         decode_tps_per_user=per_user,
         decode_tps_total=per_user * b if per_user else None,
-        chars_per_s_total=per_user * b * chars if per_user and chars else None,
+        chars_per_s_total=per_user * b * h.chars_per_token if per_user and h.chars_per_token else None,
         peak_mem_bytes=peak,
-        mbu=speed.mbu(step_bytes, per_user, bandwidth) if per_user else None,
+        mbu=speed.mbu(step_bytes, per_user, h.bandwidth) if per_user else None,
     )
 
 

@@ -1,16 +1,17 @@
-"""A catalog of data-centre GPUs (vendor data sheets) and the precisions each runs natively.
+"""A catalog of data-centre GPUs (vendor data sheets).
 
 Memory is the nominal size, which NVIDIA quotes in GiB ("80 GB" H100: nvidia-smi shows 79.6 GiB
-usable). Throughput is dense (no sparsity) tensor-core peak. FP8 tensor cores need compute
-capability 8.9 or later (Ada, Hopper); elsewhere an FP8 checkpoint runs weight-only (weights
-upcast in the kernel) or emulated. INT8 tensor cores exist from Turing on; 4-bit weight-only builds
-(AWQ, GPTQ) run with mixed-precision kernels (Marlin) from compute capability 8.0 and compute in 16 bits.
+usable). Throughput is dense (no sparsity) tensor-core peak. How a GPU runs a precision (native,
+weight-only, emulated) follows from its compute capability and the precision's registry entry
+(quant/precisions.py).
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
+
+from quant.precisions import Execution, get_precision
+from quant.registry import lookup
 
 GIB = 2**30
 
@@ -30,21 +31,15 @@ class Gpu:
     def memory_bytes(self) -> float:
         return self.memory_gib * GIB
 
-    def native(self, precision: str) -> str:
+    def execution(self, precision: str) -> Execution:
         """How `precision` runs here: native, weight-only or emulated."""
-        if precision == "fp8":
-            return "native" if self.capability >= (8, 9) else "weight-only"
-        if precision in ("awq", "gptq"):
-            return "weight-only" if self.capability >= (8, 0) else "emulated"
-        return "native"
+        return get_precision(precision).execution(self.capability)
 
     def compute_flops(self, precision: str) -> float:
-        """Peak of the units a precision's matrix products use (weight-only builds compute in 16 bits)."""
-        if precision == "fp8" and self.native("fp8") == "native" and self.fp8_flops:
-            return self.fp8_flops
-        if precision == "int8":
-            return self.int8_ops
-        return self.bf16_flops
+        """Peak of the units a precision's matrix products use here (weight-only builds compute in 16 bits)."""
+        units = get_precision(precision).compute_units(self.capability)
+        peak = {"fp8": self.fp8_flops, "int8": self.int8_ops}.get(units)
+        return peak or self.bf16_flops
 
 
 T = 1e12
@@ -65,11 +60,7 @@ BY_NAME = {g.name: g for g in CATALOG}
 
 def get_gpu(name: str) -> Gpu:
     """The catalog entry for `name`; an unknown name lists the known ones."""
-    if name in BY_NAME:
-        return BY_NAME[name]
-    close = difflib.get_close_matches(name, list(BY_NAME), n=2)
-    hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-    raise ValueError(f"unknown GPU '{name}'{hint}; known: {', '.join(BY_NAME)}")
+    return lookup(BY_NAME, name, "GPU")
 
 
 def gpu_for_device(device_name: str) -> Gpu | None:

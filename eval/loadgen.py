@@ -20,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from eval.serving import RequestRecord
 
 
-class LoadConfig(BaseModel):
+class LoadSettings(BaseModel):
+    """How a sweep loads a server: everything but where the server is."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    url: str = Field(description="server base URL, e.g. http://127.0.0.1:8000")
-    model: str = Field(description="model name the server expects in requests")
     api: Literal["completions", "chat"] = "completions"
     concurrency: list[int] = Field(min_length=1)
     requests_per_user: int = Field(4, gt=0, description="measured requests per level = concurrency x this")
@@ -38,6 +38,13 @@ class LoadConfig(BaseModel):
     )
     timeout_s: float = Field(120, gt=0, description="per request")
     warmup_timeout_s: float = Field(300, gt=0, description="per warm-up request (the first may load the model)")
+
+
+class LoadConfig(LoadSettings):
+    """A sweep of one server."""
+
+    url: str = Field(description="server base URL, e.g. http://127.0.0.1:8000")
+    model: str = Field(description="model name the server expects in requests")
 
 
 def synthetic_prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[str]:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from eval.speed import percentile
+from pydantic import BaseModel, Field
+
+from eval.speed import percentile, tpot_s
 
 QUANTILES = (50, 90, 95, 99)
 
@@ -45,9 +48,10 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        if self.first_token is None or self.output_tokens < 2:
+        if self.ttft is None:
             return None
-        return (self.end - self.first_token) / (self.output_tokens - 1)
+        t = tpot_s(self.ttft, self.e2e, self.output_tokens)
+        return None if math.isnan(t) else t
 
     @property
     def itls(self) -> list[float]:
@@ -61,16 +65,46 @@ class Slo:
     tpot_ms: float
 
 
+class LevelMetrics(BaseModel):
+    """One concurrency level of a sweep; latencies in ms, None where no request succeeded."""
+
+    requests: int
+    failed: int
+    meets_slo: bool = Field(description="p95 TTFT and p95 TPOT within the SLO, and no request failed")
+    goodput_rps: float = Field(0.0, description="requests per second that met both objectives on their own")
+    slo_attainment: float = Field(0.0, description="share of the level's requests that met both objectives")
+    duration_s: float | None = None
+    request_tps: float | None = Field(None, description="finished requests per second")
+    output_tps: float | None = Field(None, description="output tokens per second, all users")
+    output_tps_per_user: float | None = Field(None, description="1 / median TPOT")
+    ttft_ms_p50: float | None = None
+    ttft_ms_p90: float | None = None
+    ttft_ms_p95: float | None = None
+    ttft_ms_p99: float | None = None
+    tpot_ms_p50: float | None = None
+    tpot_ms_p90: float | None = None
+    tpot_ms_p95: float | None = None
+    tpot_ms_p99: float | None = None
+    itl_ms_p50: float | None = None
+    itl_ms_p90: float | None = None
+    itl_ms_p95: float | None = None
+    itl_ms_p99: float | None = None
+    e2e_ms_p50: float | None = None
+    e2e_ms_p90: float | None = None
+    e2e_ms_p95: float | None = None
+    e2e_ms_p99: float | None = None
+
+
 def _ms(values: Iterable[float | None]) -> list[float]:
     return [1000 * v for v in values if v is not None]
 
 
-def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> dict[str, float]:
+def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
     """Metrics of one concurrency level (all its measured requests)."""
     ok = [r for r in records if r.ok]
-    out: dict[str, float] = {"requests": len(records), "failed": len(records) - len(ok)}
+    failed = len(records) - len(ok)
     if not ok:
-        return out | {"meets_slo": 0.0, "goodput": 0.0, "slo_attainment": 0.0}
+        return LevelMetrics(requests=len(records), failed=failed, meets_slo=False)
     span = max(r.end for r in records) - min(r.start for r in records)
     series = {
         "ttft_ms": _ms(r.ttft for r in ok),
@@ -78,44 +112,44 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> dict[str, float
         "itl_ms": _ms(g for r in ok for g in r.itls),
         "e2e_ms": _ms(r.e2e for r in ok),
     }
-    for name, values in series.items():
-        for q in QUANTILES:
-            if values:
-                out[f"{name}_p{q}"] = percentile(values, q)
+    quantiles = {f"{name}_p{q}": percentile(v, q) for name, v in series.items() if v for q in QUANTILES}
     good = [
         r
         for r in ok
         if r.ttft is not None and 1000 * r.ttft <= slo.ttft_ms and (r.tpot is None or 1000 * r.tpot <= slo.tpot_ms)
     ]
     tokens = sum(r.output_tokens for r in ok)
-    out |= {
-        "duration_s": span,
-        "request_tps": len(ok) / span if span > 0 else 0.0,
-        "output_tps": tokens / span if span > 0 else 0.0,
-        "output_tps_per_user": 1000 / out["tpot_ms_p50"] if out.get("tpot_ms_p50") else 0.0,
-        "goodput": len(good) / span if span > 0 else 0.0,
-        "slo_attainment": len(good) / len(records),
-    }
+    per_second = (lambda n: n / span) if span > 0 else (lambda n: 0.0)
     meets = (
-        out["failed"] == 0
-        and out.get("ttft_ms_p95", float("inf")) <= slo.ttft_ms
-        and out.get("tpot_ms_p95", 0.0) <= slo.tpot_ms
+        failed == 0
+        and quantiles.get("ttft_ms_p95", math.inf) <= slo.ttft_ms
+        and quantiles.get("tpot_ms_p95", 0.0) <= slo.tpot_ms
     )
-    out["meets_slo"] = float(meets)
-    return out
+    return LevelMetrics(
+        requests=len(records),
+        failed=failed,
+        meets_slo=meets,
+        goodput_rps=per_second(len(good)),
+        slo_attainment=len(good) / len(records),
+        duration_s=span,
+        request_tps=per_second(len(ok)),
+        output_tps=per_second(tokens),
+        output_tps_per_user=1000 / quantiles["tpot_ms_p50"] if quantiles.get("tpot_ms_p50") else 0.0,
+        **quantiles,
+    )
 
 
-def sweep_metrics(records: Sequence[RequestRecord], slo: Slo) -> dict[int, dict[str, float]]:
+def sweep_metrics(records: Sequence[RequestRecord], slo: Slo) -> dict[int, LevelMetrics]:
     """level_metrics per concurrency level, in increasing concurrency."""
     levels = sorted({r.concurrency for r in records})
     return {c: level_metrics([r for r in records if r.concurrency == c], slo) for c in levels}
 
 
-def max_users_at_slo(per_level: dict[int, dict[str, float]]) -> int:
+def max_users_at_slo(per_level: dict[int, LevelMetrics]) -> int:
     """The largest concurrency that met the objective, with every lower level meeting it too (0: none)."""
     best = 0
     for c in sorted(per_level):
-        if not per_level[c].get("meets_slo"):
+        if not per_level[c].meets_slo:
             break
         best = c
     return best

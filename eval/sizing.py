@@ -15,17 +15,9 @@ import math
 from dataclasses import dataclass
 
 from eval.gpus import Gpu
+from quant.precisions import get_precision
 
-# bytes per weight of a quantized linear layer, scales and zero points included (group 128 for 4-bit;
-# per output channel for 8-bit, whose 2-byte scale per row is negligible next to the row's weights)
-GROUP = 128
-BYTES_PER_WEIGHT = {
-    "bf16": 2.0,
-    "fp8": 1.0,
-    "int8": 1.0,
-    "gptq": 0.5 + 2 / GROUP,  # int4 + a 16-bit scale per group
-    "awq": 0.5 + 2 / GROUP + 0.5 / GROUP,  # int4 + 16-bit scale + packed int4 zero point per group
-}
+DEFAULT_GROUP = 128  # the card's quantization.group_size when it sets none
 
 
 @dataclass(frozen=True)
@@ -79,11 +71,16 @@ class Shape:
     def params(self) -> int:
         return self.linear_params + self.embedding_params + self.lm_head_params + self.norm_params
 
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """KV-cache bytes one token occupies: a key and a value vector per KV head per layer."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
 
-def weight_bytes(shape: Shape, precision: str) -> float:
-    """Bytes of all weights stored at `precision` (linear layers quantized, the rest 16-bit)."""
+
+def weight_bytes(shape: Shape, precision: str, group_size: int = DEFAULT_GROUP) -> float:
+    """Bytes of all weights stored at `precision` (linear layers quantized, the rest 16-bit), scales and
+    zero points included (quant/precisions.py)."""
     rest = shape.embedding_params + shape.lm_head_params + shape.norm_params
-    return shape.linear_params * BYTES_PER_WEIGHT[precision] + 2 * rest
+    return shape.linear_params * get_precision(precision).bytes_per_weight(group_size) + 2 * rest
 
 
 def decode_read_bytes(shape: Shape, weights: float) -> float:
@@ -91,11 +88,6 @@ def decode_read_bytes(shape: Shape, weights: float) -> float:
 
     With tied embeddings the table is the lm_head and is read whole."""
     return weights - (0 if shape.tied else 2 * shape.embedding_params)
-
-
-def kv_bytes_per_token(shape: Shape, dtype_bytes: int = 2) -> int:
-    """A key and a value vector per KV head per layer."""
-    return shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
 
 
 def workspace_bytes(shape: Shape, prefill_tokens: int, act_bytes: int = 2) -> float:
@@ -146,12 +138,15 @@ def fit(
     input_len: int,
     output_len: int,
     weights: float | None = None,
+    group_size: int = DEFAULT_GROUP,
     a: Assumptions = Assumptions(),
 ) -> Fit:
-    """Does `precision` of the model fit `gpu` at `batch` sequences of input + output tokens, and how fast."""
-    w = weight_bytes(shape, precision) if weights is None else weights
+    """Does `precision` of the model fit `gpu` at `batch` sequences of input + output tokens, and how fast.
+
+    `weights`: the build's real weight bytes where it exists, else projected at `group_size`."""
+    w = weight_bytes(shape, precision, group_size) if weights is None else weights
     context = input_len + output_len
-    kv_tok = kv_bytes_per_token(shape, a.kv_dtype_bytes)
+    kv_tok = shape.kv_bytes_per_token(a.kv_dtype_bytes)
     kv = batch * context * kv_tok
     work = workspace_bytes(shape, min(a.prefill_tokens, batch * input_len))
     reserve = a.runtime_reserve_gib * 2**30
@@ -166,7 +161,7 @@ def fit(
     return Fit(
         gpu=gpu.name,
         precision=precision,
-        execution=gpu.native(precision),
+        execution=gpu.execution(precision),
         weights_gb=w / 1e9,
         kv_gb=kv / 1e9,
         workspace_gb=work / 1e9,

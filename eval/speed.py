@@ -23,11 +23,6 @@ def tpot_s(ttft_s: float, e2e_s: float, output_tokens: int) -> float:
     return (e2e_s - ttft_s) / (output_tokens - 1)
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """KV-cache bytes one token occupies: a key and a value vector per KV head per layer."""
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
-
-
 def decode_step_bytes(weight_bytes: int, kv_per_token: int, batch: int, context: int) -> int:
     """Bytes a decode step reads: every weight once, plus each sequence's KV cache at `context` tokens."""
     return weight_bytes + batch * kv_per_token * context

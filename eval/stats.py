@@ -89,8 +89,8 @@ class Comparison:
         return self.recovery if self.rule == "recovery" else self.ppl_increase  # type: ignore[return-value]
 
 
-def _ratio(num, den):
-    """num / den where 0 / 0 is 1 (both equally bad) and x / 0 is infinite, as eval.compare.recovery."""
+def ratio(num, den):
+    """num / den where 0 / 0 is 1 (both equally bad) and x / 0 is infinite: the rule of every recovery."""
     num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = num / den
@@ -147,7 +147,7 @@ def compare(
 
     def stats(an, ad, bn, bd):
         base, build = aggregate(metric, an, ad), aggregate(metric, bn, bd)
-        rec = _ratio(build, base) if higher_is_better else _ratio(base, build)
+        rec = ratio(build, base) if higher_is_better else ratio(base, build)
         ppl = np.exp(-(bn / bd - an / ad)) - 1 if likelihood else None
         return base, build, rec, ppl
 

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from eval.gpus import get_gpu
 from pipelines.errors import QevalError
-from pipelines.paths import cards_dir, resolve_repo_path
-from quant.precisions import PRECISIONS, get_precision, suggest
+from pipelines.paths import cards_dir, file_digest, resolve_repo_path
+from quant.precisions import PRECISIONS, get_precision
+from quant.registry import suggest
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -42,6 +43,11 @@ class Source(_Strict):
         if (self.path is None) == (self.hub_id is None):
             raise ValueError("give exactly one of 'path' or 'hub_id'")
         return self
+
+    @property
+    def location(self) -> str:
+        """The local path, or `hub_id@revision`."""
+        return self.path or f"{self.hub_id}@{self.revision}"
 
 
 class Calibration(_Strict):
@@ -93,6 +99,20 @@ class Speed(_Strict):
     )
     slo: Slo
 
+    @property
+    def input_len(self) -> int:
+        """Prompt tokens of the grid's main point (its first input length), where single figures are taken."""
+        return self.input_lengths[0]
+
+    @property
+    def output_len(self) -> int:
+        """Output tokens of the grid's main point (its first output length)."""
+        return self.output_lengths[0]
+
+    @property
+    def largest_batch(self) -> int:
+        return max(self.batch_sizes)
+
 
 class Server(_Strict):
     """The server benchmark: an OpenAI-compatible server per build, swept over speed.concurrency."""
@@ -126,6 +146,8 @@ class Gate(_Strict):
         {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
     )
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
+    bootstrap_resamples: PositiveInt = Field(2000, description="resamples of the documents per paired bootstrap")
+    bootstrap_seed: int = Field(0, description="seed of the paired bootstrap")
     speed_regime: Literal["engine", "server"] = Field(
         "engine",
         description="engine: decode tokens/s per user at speed_batch; server: goodput (requests/s that met "
@@ -191,6 +213,16 @@ class ModelCard(_Strict):
                 f"gate.speed_batch {self.gate.speed_batch} is not among speed.batch_sizes {self.speed.batch_sizes}"
             )
         return self
+
+    @property
+    def judged_users(self) -> int:
+        """The concurrency the server regime judges: gate.speed_users, else the highest level."""
+        return self.gate.speed_users or max(self.speed.concurrency)
+
+    @property
+    def sizing_gpus(self) -> list[str]:
+        """The GPUs the size stage projects: the target GPUs, and those the gate requires a fit on."""
+        return list(dict.fromkeys([*self.target_gpus, *self.gate.must_fit]))
 
     def require_precision(self, precision: str) -> None:
         """QevalError unless `precision` is known and built for this model."""
@@ -288,9 +320,7 @@ def resolve_weights(card: ModelCard) -> str:
 def weights_identity(card: ModelCard, folder: str) -> str:
     """What identifies the base weights in cache keys: file digests locally, hub id and revision otherwise."""
     if card.source.path is None:
-        return f"{card.source.hub_id}@{card.source.revision}"
-    from pipelines.stages import file_digest
-
+        return card.source.location
     return file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
 
 

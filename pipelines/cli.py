@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from functools import wraps
 from typing import Annotated, Any
 
@@ -70,22 +71,17 @@ def _emit_json(doc: Any, as_json: bool) -> None:
 
 def _records_table(records: list[StageRecord]) -> Table:
     table = Table(title="stages")
-    for col in ("build", "stage", "status", "seconds", "metrics"):
+    for col in ("build", "stage", "status", "seconds", "result"):
         table.add_column(col)
     for r in records:
-        shown = ", ".join(
-            f"{k.split('/', 1)[-1]}={v:.4g}"
-            for k, v in sorted(r.metrics.items())
-            if not any(skip in k for skip in ("stderr", "recovery/", "seconds", "peak"))
-        )
-        table.add_row(f"{r.model}@{r.precision}", r.stage, r.status, f"{r.seconds:.1f}", shown)
+        table.add_row(f"{r.model}@{r.precision}", r.stage, r.status, f"{r.seconds:.1f}", r.result.headline())
     return table
 
 
 def _tracker(model: str):
-    from pipelines.tracking import Tracker
+    from pipelines.tracking import MlflowTracker
 
-    return Tracker(model)
+    return MlflowTracker(model)
 
 
 def _report(model: str, records: list[StageRecord], as_json: bool) -> None:
@@ -124,7 +120,7 @@ def models(as_json: JsonOpt = False) -> None:
         except QevalError as e:
             problems.append(str(e))
             continue
-        src = card.source.path or f"{card.source.hub_id}@{card.source.revision}"
+        src = card.source.location
         table.add_row(name, src, " ".join(card.precisions), " ".join(card.accuracy.tasks))
         listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})
     out.print(table)
@@ -228,6 +224,7 @@ def size(
     import eval.gpus as gpus
     from eval.sizing import Assumptions
     from pipelines import size as size_mod
+    from pipelines.report import fit_cells
 
     card = cards_mod.load_card(model)
     chosen = precision or card.precisions
@@ -240,13 +237,14 @@ def size(
         except ValueError as e:
             raise QevalError(str(e)) from None
     s = card.speed
-    grid = {"batch": batch or max(s.batch_sizes), "input_len": input_len or s.input_lengths[0],
-            "output_len": output_len or s.output_lengths[0]}  # fmt: skip
-    rows = size_mod.summary_rows(size_mod.fits_table(card, chosen, names, **grid, assumptions=Assumptions(mbu=mbu)))
+    grid = {"batch": batch or s.largest_batch, "input_len": input_len or s.input_len,
+            "output_len": output_len or s.output_len}  # fmt: skip
+    fits = size_mod.fits_table(card, chosen, names, **grid, assumptions=Assumptions(mbu=mbu))
     table = Table(
         title=f"{model}: fits on one GPU at batch {grid['batch']}, {grid['input_len']} in / {grid['output_len']} "
         f"out (90 % of memory, 1 GiB reserve; decode at {mbu:.0%} of peak bandwidth, TTFT at peak FLOP/s)"
     )
+    rows = [fit_cells(f) for f in fits]
     for col in rows[0] if rows else []:
         table.add_column(col)
     for r in rows:
@@ -256,12 +254,12 @@ def size(
         tracker = _tracker(model)
         for p in chosen:
             size_mod.size(card, p, tracker)
-    _emit_json({"model": model, "grid": grid, "mbu": mbu, "rows": rows}, as_json)
+    _emit_json({"model": model, "grid": grid, "mbu": mbu, "rows": [asdict(f) for f in fits]}, as_json)
 
 
 def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
     """Print the gate's table and decision; exit 1 when nothing ships."""
-    table = Table(title=f"gate: {decision.model} (baseline {decision.policy['baseline']})")
+    table = Table(title=f"gate: {decision.model} (baseline {decision.policy.baseline})")
     for col in ("build", "verdict", "rules"):
         table.add_column(col)
     for b in decision.builds:
@@ -274,7 +272,7 @@ def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
                   f"version {reg.get('version')}, alias '{reg.get('alias')}'", highlight=False)  # fmt: skip
     else:
         err.print(f"qeval: nothing ships for {decision.model}: {decision.why}", highlight=False)
-    _emit_json({**(extra or {}), "gate": decision.as_json()}, as_json)
+    _emit_json({**(extra or {}), "gate": json.loads(decision.model_dump_json())}, as_json)
     if not decision.chosen:
         raise typer.Exit(1)
 
@@ -313,12 +311,13 @@ def gate(model: ModelOpt, as_json: JsonOpt = False) -> None:
 @app.command()
 @_guarded
 def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
-    """Charts and a table of speed against quality per precision, to reports/<model>/ and MLflow."""
-    from pipelines.gate import decide
+    """Charts and a table of the gate's last decision, speed against quality per precision, to reports/<model>/
+    and MLflow."""
     from pipelines.report import report as write_report
+    from pipelines.results import read_decision
 
     card = cards_mod.load_card(model)
-    files = write_report(card, decide(card), _tracker(model))
+    files = write_report(card, read_decision(card.name), _tracker(model))
     for f in files:
         out.print(str(f), highlight=False)
     _emit_json({"model": model, "report": [str(f) for f in files]}, as_json)

@@ -13,87 +13,37 @@ on every build's MLflow run, and to the Model Registry: `qeval-<model>`, alias `
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from eval import speed as speed_math
+from eval.sizing import Fit
 from eval.stats import Comparison
 from pipelines.cards import Gate, ModelCard
-from pipelines.gate_inputs import Measured, finished, measured, task_comparisons
-from pipelines.paths import artifacts_dir
-from pipelines.quantize import checkpoint_for
-from pipelines.stages import write_json_atomic
+from pipelines.gate_inputs import fits, measured, task_comparisons
+from pipelines.results import (
+    FAIL,
+    INCONCLUSIVE,
+    NOT_GATED,
+    PASS,
+    BuildVerdict,
+    Decision,
+    Measured,
+    Rule,
+    checkpoint_for,
+    write_decision,
+)
+from pipelines.stages import code_version
 from pipelines.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-PASS, FAIL, INCONCLUSIVE, NOT_GATED, BASELINE = "PASS", "FAIL", "INCONCLUSIVE", "NOT GATED", "BASELINE"
-GATE_FILE = "gate.json"
 
-
-@dataclass(frozen=True)
-class Rule:
-    """One rule of the policy applied to one build."""
-
-    name: str  # a task name, "speed" or "memory"
-    verdict: str  # PASS, FAIL, INCONCLUSIVE or NOT GATED
-    reason: str
-
-
-def speed_label(policy: Gate, users: int | None = None) -> str:
-    if policy.speed_regime == "server":
-        return f"goodput, requests/s within the SLO at {users} users"
-    return f"decode tokens/s per user at batch {policy.speed_batch}"
-
-
-@dataclass(frozen=True)
-class BuildVerdict:
-    precision: str
-    verdict: str
-    rules: list[Rule]
-    tasks: dict[str, Comparison]
-    speed: Measured
-    speedup: float | None
-
-    @property
-    def reasons(self) -> list[str]:
-        return [r.reason for r in self.rules]
-
-
-@dataclass
-class Decision:
-    model: str
-    policy: dict[str, Any]
-    baseline: Measured
-    builds: list[BuildVerdict]
-    chosen: str | None
-    why: str
-    registered: dict[str, str] = field(default_factory=dict)
-    decided: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "decided": self.decided,
-            "policy": self.policy,
-            "baseline": asdict(self.baseline),
-            "chosen": self.chosen,
-            "why": self.why,
-            "registered": self.registered,
-            "builds": [
-                {
-                    "precision": b.precision,
-                    "verdict": b.verdict,
-                    "reasons": b.reasons,
-                    "speed": asdict(b.speed),
-                    "speedup": b.speedup,
-                    "tasks": {t: asdict(c) for t, c in b.tasks.items()},
-                }
-                for b in self.builds
-            ],
-        }
+def speed_label(card: ModelCard) -> str:
+    """What the speed figures of the decision are, under the policy's regime."""
+    if card.gate.speed_regime == "server":
+        return f"goodput, requests/s within the SLO at {card.judged_users} users"
+    return f"decode tokens/s per user at batch {card.gate.speed_batch}"
 
 
 # ---- the policy, as pure functions -------------------------------------------------------------
@@ -157,10 +107,10 @@ def memory_rule(policy: Gate, build: Measured) -> Rule:
     return Rule("memory", verdict, f"memory: {where} vs budget {policy.memory_budget_gb:g} GB: {verdict}")
 
 
-def fit_rule(fits: list) -> Rule:
+def fit_rule(projected: list[Fit]) -> Rule:
     """Every GPU the policy names must hold the build on one device (eval/sizing.py's projection)."""
-    where = ", ".join(f"{f.gpu} {f.total_gb:.3g} of {f.usable_gb:.3g} GB" for f in fits)
-    missing = [f.gpu for f in fits if not f.fits]
+    where = ", ".join(f"{f.gpu} {f.total_gb:.3g} of {f.usable_gb:.3g} GB" for f in projected)
+    missing = [f.gpu for f in projected if not f.fits]
     verdict = FAIL if missing else PASS
     text = f"fit: {where}" + (f"; does not fit {', '.join(missing)}" if missing else "")
     return Rule("fit", verdict, f"{text}: {verdict}")
@@ -195,34 +145,39 @@ def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | N
 # ---- the gate ----------------------------------------------------------------------------------
 
 
-def decide(card: ModelCard) -> Decision:
-    """Apply the card's policy to the finished evaluate and bench stages of every build."""
+def judge(card: ModelCard, precision: str, baseline: Measured, baseline_bytes: float) -> BuildVerdict:
+    """Every rule of the card's policy applied to one quantized build."""
     policy = card.gate
-    base_eval = finished(card, policy.baseline, "evaluate")
-    base_speed, base_bytes = measured(card, policy.baseline)
-    verdicts = []
-    for precision in card.precisions:
-        if precision == policy.baseline:
-            continue
-        tasks = task_comparisons(card, precision, base_eval, finished(card, precision, "evaluate"))
-        speed, weight_bytes = measured(card, precision)
-        rules = [task_rule(t, c) for t, c in tasks.items()]
-        fast, up = speed_rule(policy, speed, base_speed, base_bytes / weight_bytes)
-        rules += [fast, memory_rule(policy, speed)]
-        if policy.must_fit:
-            from pipelines.size import fits_table
+    tasks: dict[str, Comparison] = task_comparisons(card, precision)
+    build, weight_bytes = measured(card, precision)
+    rules = [task_rule(t, c) for t, c in tasks.items()]
+    fast, up = speed_rule(policy, build, baseline, baseline_bytes / weight_bytes)
+    rules += [fast, memory_rule(policy, build)]
+    if policy.must_fit:
+        rules.append(fit_rule(fits(card, precision)))
+    return BuildVerdict(
+        precision=precision, verdict=combine([r.verdict for r in rules]), rules=rules, tasks=tasks, speed=build,
+        speedup=up,
+    )  # fmt: skip
 
-            s = card.speed
-            grid = {"batch": max(s.batch_sizes), "input_len": s.input_lengths[0], "output_len": s.output_lengths[0]}
-            rules.append(fit_rule(fits_table(card, [precision], policy.must_fit, **grid)))
-        verdict = combine([r.verdict for r in rules])
-        verdicts.append(BuildVerdict(precision, verdict, rules, tasks, speed, up))
+
+def decide(card: ModelCard) -> Decision:
+    """Apply the card's policy to the finished stages of every build."""
+    policy = card.gate
+    baseline, baseline_bytes = measured(card, policy.baseline)
+    verdicts = [judge(card, p, baseline, baseline_bytes) for p in card.precisions if p != policy.baseline]
     chosen, why = choose(verdicts, policy.prefer, policy.tie_tolerance)
-    return Decision(card.name, policy.model_dump(), base_speed, verdicts, chosen, why)
-
-
-def _headline(m: Measured) -> dict[str, float | None]:
-    return {"gate/decode_tps": m.decode_tps, "gate/goodput": m.goodput, "gate/users_at_slo": m.users_at_slo}
+    return Decision(
+        model=card.name,
+        decided=datetime.now(UTC).isoformat(timespec="seconds"),
+        policy=policy,
+        speed_axis=speed_label(card),
+        baseline=baseline,
+        builds=verdicts,
+        chosen=chosen,
+        why=why,
+        code=code_version(),
+    )
 
 
 def gate(card: ModelCard, tracker: Tracker) -> Decision:
@@ -232,36 +187,16 @@ def gate(card: ModelCard, tracker: Tracker) -> Decision:
         log.info("%s@%s: %s", card.name, b.precision, b.verdict)
         for r in b.rules:
             log.debug("    %s", r.reason)
-    base = decision.baseline
-    tracker.tag_build(
-        tracker.build_run(card.gate.baseline),
-        BASELINE,
-        ["the baseline every build is compared with"],
-        {"gate/recovery_worst": 1.0, "gate/speedup": 1.0, **_headline(base)},
-    )
-    for b in decision.builds:
-        worst = min(b.tasks.values(), key=lambda c: c.recovery[0])
-        tracker.tag_build(
-            tracker.build_run(b.precision),
-            b.verdict,
-            b.reasons,
-            {
-                "gate/recovery_worst": worst.recovery[0],
-                "gate/recovery_worst_lower": worst.recovery[1],
-                "gate/speedup": b.speedup,
-                **_headline(b.speed),
-            },
-        )
+    tracker.log_verdicts(decision)
     if decision.chosen:
         checkpoint, _ = checkpoint_for(card, decision.chosen)
-        decision.registered = tracker.register_ship(
+        registered = tracker.register_ship(
             tracker.build_run(decision.chosen), str(Path(checkpoint).resolve()), decision.why
         )
+        decision = decision.model_copy(update={"registered": registered})
         log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)
     else:
         tracker.clear_ship()
         log.warning("%s: nothing ships: %s", card.name, decision.why)
-    path = artifacts_dir() / card.name / GATE_FILE
-    write_json_atomic(path, decision.as_json())
-    tracker.log_summary(decision.policy, path, "gate", chosen=decision.chosen or "none")
+    tracker.log_decision(decision, write_decision(decision))
     return decision

@@ -16,9 +16,10 @@ from pathlib import Path
 from pipelines.bench import bench
 from pipelines.cards import ModelCard
 from pipelines.evaluate import evaluate
-from pipelines.gate import Decision, gate
+from pipelines.gate import gate
 from pipelines.quantize import quantize
 from pipelines.report import report
+from pipelines.results import Decision
 from pipelines.serve_bench import serve_bench
 from pipelines.size import size
 from pipelines.stages import StageRecord

@@ -7,27 +7,21 @@ charts and the table go to the model's summary run in MLflow (`log_figure`, `log
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no screen
 import matplotlib.pyplot as plt
 
+from eval.sizing import Fit
 from pipelines.cards import ModelCard
-from pipelines.gate import BASELINE, FAIL, INCONCLUSIVE, PASS, Decision, speed_label
-from pipelines.gate_inputs import judged_users
-from pipelines.paths import workdir
-from pipelines.stages import read_manifest, stage_dir
+from pipelines.paths import atomic_write, reports_dir
+from pipelines.results import BASELINE, FAIL, INCONCLUSIVE, PASS, Benched, Decision, Sized, finished
 from pipelines.tracking import Tracker
 
 COLOURS = {PASS: "#2a9d3f", FAIL: "#c8372d", INCONCLUSIVE: "#e6a117", BASELINE: "#555555"}
-
-
-def reports_dir(model: str) -> Path:
-    return workdir() / "reports" / model
 
 
 def pareto(points: list[tuple[str, float, float]]) -> list[str]:
@@ -39,27 +33,24 @@ def pareto(points: list[tuple[str, float, float]]) -> list[str]:
     return front
 
 
-def worst_task(build) -> tuple[str, tuple[float, float, float]]:
-    """The task with the lowest recovery, and its interval."""
-    task = min(build.tasks, key=lambda t: build.tasks[t].recovery[0])
-    return task, build.tasks[task].recovery
-
-
-def _bench(card: ModelCard, precision: str) -> dict[str, Any]:
-    return read_manifest(stage_dir(card.name, precision, "bench")) or {}
+def _bench(card: ModelCard, precision: str) -> Benched | None:
+    done = finished(card.name, precision, Benched)
+    return done.result if done else None
 
 
 def _how(card: ModelCard) -> str:
     base = _bench(card, card.gate.baseline)
-    p = base.get("params", {})
+    if base is None:
+        return "engine bench: not run"
+    e = base.engine
     return (
-        f"{p.get('engine.engine', '?')} on {p.get('engine.device', '?')}, input {p.get('engine.input_len')} / "
-        f"output {p.get('engine.output_len')} tokens, median of {p.get('engine.repeats')} runs"
+        f"{e.engine} on {e.device_name}, input {base.input_len} / output {base.output_len} tokens, "
+        f"median of {base.config.repeats} runs"
     )
 
 
 def quality_vs_speed(card: ModelCard, decision: Decision):
-    policy = card.gate
+    policy = decision.policy
     fig, ax = plt.subplots(figsize=(7.5, 5))
     points = [(policy.baseline, decision.baseline.speed, 1.0)]
     ax.scatter([decision.baseline.speed], [1.0], s=70, color=COLOURS[BASELINE], zorder=3)
@@ -67,7 +58,8 @@ def quality_vs_speed(card: ModelCard, decision: Decision):
                 xytext=(6, 6), fontsize=9)  # fmt: skip
     by_speed = sorted(decision.builds, key=lambda b: b.speed.speed)
     for i, b in enumerate(by_speed):
-        task, (rec, lo, hi) = worst_task(b)
+        task, worst = b.worst_task()
+        rec, lo, hi = worst.recovery
         x = b.speed.speed
         points.append((b.precision, x, rec))
         ax.errorbar([x], [rec], yerr=[[rec - lo], [hi - rec]], fmt="o", ms=8, capsize=4,
@@ -86,7 +78,7 @@ def quality_vs_speed(card: ModelCard, decision: Decision):
     ax.axhline(policy.min_recovery, color=COLOURS[FAIL], lw=0.8, ls=":", label=f"min recovery {policy.min_recovery:g}")
     kernels = {b.speed.kernels for b in decision.builds}
     emulated = any(k.startswith("emulated") for k in kernels)
-    ax.set_xlabel(speed_label(policy, judged_users(card)) + (" (quantized: emulated)" * emulated))
+    ax.set_xlabel(decision.speed_axis + (" (quantized: emulated)" * emulated))
     ax.set_ylabel(f"recovery, worst task ({policy.confidence:.0%} paired bootstrap interval)")
     ax.set_title(f"{card.name}: quality against speed per precision", fontsize=11)
     ax.text(0.0, -0.16, _how(card), transform=ax.transAxes, fontsize=8, color="#555555")
@@ -99,9 +91,10 @@ def quality_vs_speed(card: ModelCard, decision: Decision):
 def speed_vs_batch(card: ModelCard):
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for precision in card.precisions:
-        series = _bench(card, precision).get("series", {})
-        for ax, name in ((left, "engine/total_tps"), (right, "engine/ttft_ms")):
-            pts = sorted((int(b), v) for b, v in series.get(name, []))
+        bench = _bench(card, precision)
+        points = bench.main_points() if bench else []
+        for ax, figure in ((left, "decode_tps_total"), (right, "ttft_ms_p50")):
+            pts = [(p.batch, getattr(p, figure)) for p in points if getattr(p, figure) is not None]
             if pts:
                 ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=precision)
     left.set_ylabel("decode tokens/s, all users")
@@ -119,16 +112,17 @@ def speed_vs_batch(card: ModelCard):
 
 def memory_breakdown(card: ModelCard):
     b = card.gate.speed_batch
-    context = card.speed.input_lengths[0] + card.speed.output_lengths[0]
+    context = card.speed.input_len + card.speed.output_len
     rows = []
     for precision in card.precisions:
-        m = _bench(card, precision)
-        if not m:
+        bench = _bench(card, precision)
+        if bench is None:
             continue
-        weights = m["metrics"]["mem/weights_gb"]
-        kv = m["metrics"]["mem/kv_bytes_per_token"] * b * context / 1e9
-        peak = dict((int(x), v) for x, v in m["series"].get("mem/peak_gb", [])).get(b)
-        rows.append((precision, weights, kv, max(0.0, (peak or 0) - weights - kv), m["summary"].get("memory", "")))
+        weights = bench.engine.weight_bytes / 1e9
+        kv = bench.engine.kv_bytes_per_token * b * context / 1e9
+        point = bench.at(b)
+        peak = point.peak_mem_bytes / 1e9 if point and point.peak_mem_bytes else 0.0
+        rows.append((precision, weights, kv, max(0.0, peak - weights - kv), bench.engine.memory))
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 2.2))
     names = [r[0] for r in rows]
     left = [0.0] * len(rows)
@@ -155,9 +149,9 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
     cols: dict[str, list] = {"build": [], "verdict": []}
     for task in card.accuracy.tasks:
         cols[f"{task} recovery [interval]"] = []
-    users = judged_users(card)
+    users = card.judged_users
     cols |= {
-        f"decode tok/s per user, batch {card.gate.speed_batch}": [],
+        f"decode tok/s per user, batch {decision.policy.speed_batch}": [],
         f"server goodput req/s, {users} users": [],
         "users at SLO": [],
         "speed-up": [],
@@ -166,7 +160,7 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
         "kernels": [],
     }
     base = decision.baseline
-    rows = [(card.gate.baseline, BASELINE, None, base, 1.0)] + [
+    rows = [(decision.policy.baseline, BASELINE, None, base, 1.0)] + [
         (b.precision, b.verdict + (" (ships)" if b.precision == decision.chosen else ""), b, b.speed, b.speedup)
         for b in decision.builds
     ]
@@ -178,7 +172,7 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
             cols[f"{task} recovery [interval]"].append(
                 f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {c.verdict}" if c else "1"
             )
-        cols[f"decode tok/s per user, batch {card.gate.speed_batch}"].append(f"{speed.decode_tps:.4g}")
+        cols[f"decode tok/s per user, batch {decision.policy.speed_batch}"].append(f"{speed.decode_tps:.4g}")
         cols[f"server goodput req/s, {users} users"].append("" if speed.goodput is None else f"{speed.goodput:.3g}")
         cols["users at SLO"].append("" if speed.users_at_slo is None else str(speed.users_at_slo))
         cols["speed-up"].append(f"{up:.2f}x" if up is not None else "")
@@ -188,8 +182,8 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
     return cols
 
 
-def policy_text(card: ModelCard) -> str:
-    g = card.gate
+def policy_text(decision: Decision) -> str:
+    g = decision.policy
     parts = [f"baseline {g.baseline}", f"every task's recovery at least {g.min_recovery:g} over the whole "
              f"{g.confidence:.0%} paired interval"]  # fmt: skip
     if g.task_min_recovery:
@@ -197,26 +191,41 @@ def policy_text(card: ModelCard) -> str:
     if g.max_ppl_increase is not None:
         parts.append(f"perplexity tasks: perplexity up by at most {g.max_ppl_increase:.2%}")
     speed = f"at least {g.min_speedup:g}x" if g.min_speedup is not None else "not gated"
-    parts.append(f"speed-up in {speed_label(g, judged_users(card))}: {speed}")
+    parts.append(f"speed-up in {decision.speed_axis}: {speed}")
     parts.append(f"memory budget: {f'{g.memory_budget_gb:g} GB' if g.memory_budget_gb else 'none'}")
     parts.append(f"prefer {g.prefer} (ties within {g.tie_tolerance:.0%})")
+    parts.append(f"paired bootstrap: {g.bootstrap_resamples} resamples, seed {g.bootstrap_seed}")
     return "; ".join(parts)
 
 
-def fits_section(card: ModelCard) -> list[str]:
-    """The projected fits-on table for the card's target GPUs (eval/sizing.py), as Markdown lines."""
-    if not card.target_gpus:
-        return []
-    from pipelines.size import fits_table, summary_rows
+def fit_cells(f: Fit) -> dict[str, str]:
+    """One projected fit as the cells people read (the CLI's size table and the report's)."""
+    return {
+        "gpu": f.gpu,
+        "precision": f.precision,
+        "runs": f.execution,
+        "fits": "yes" if f.fits else (f"TP {f.tensor_parallel}" if f.tensor_parallel else "no"),
+        "total GB": f"{f.total_gb:.1f}",
+        "weights GB": f"{f.weights_gb:.2f}",
+        "KV GB": f"{f.kv_gb:.2f}",
+        "max seqs": str(f.max_sequences),
+        "decode tok/s/user": f"{f.decode_tps_per_user:.0f}",
+        "TTFT ms": f"{f.ttft_ms:.3g}",
+    }
 
-    s = card.speed
-    grid = {"batch": max(s.batch_sizes), "input_len": s.input_lengths[0], "output_len": s.output_lengths[0]}
-    rows = summary_rows(fits_table(card, card.precisions, card.target_gpus, **grid))
-    names = list(rows[0])
+
+def fits_section(card: ModelCard) -> list[str]:
+    """The size stage's fits-on table for the card's target GPUs, as Markdown lines."""
+    sized = [done.result for p in card.precisions if (done := finished(card.name, p, Sized))]
+    rows = [fit_cells(f) for s in sized for f in s.fits if f.gpu in card.target_gpus]
+    if not rows:
+        return []
+    s, names = sized[0], list(rows[0])
     return [
         "",
-        f"## Projected fit on the target GPUs (batch {grid['batch']}, {grid['input_len']} in / "
-        f"{grid['output_len']} out; 90 % of memory, 1 GiB reserve; decode at peak bandwidth, TTFT at peak FLOP/s)",
+        f"## Projected fit on the target GPUs (batch {s.batch}, {s.input_len} in / {s.output_len} out; "
+        f"{s.assumptions.utilization:.0%} of memory, {s.assumptions.runtime_reserve_gib:g} GiB reserve; decode at "
+        f"peak bandwidth, TTFT at peak FLOP/s)",
         "",
         "| " + " | ".join(names) + " |",
         "|" + "---|" * len(names),
@@ -231,7 +240,10 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
         "",
         f"**Decision:** {decision.chosen or 'nothing ships'} ({decision.why}).",
         "",
-        "Policy (model card `gate:`): " + policy_text(card) + ".",
+        f"Decided {decision.decided} by `qeval gate` at commit {decision.code.commit[:12]}"
+        f"{' with uncommitted changes' if decision.code.dirty else ''} (artifacts/{decision.model}/gate.json).",
+        "",
+        "Policy (model card `gate:`): " + policy_text(decision) + ".",
         "",
         "| " + " | ".join(names) + " |",
         "|" + "---|" * len(names),
@@ -249,12 +261,12 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
         "",
         f"- Speed: {_how(card)}; decode tokens/s per user = 1 / median time per output token.",
         f"- Server: {card.server.engine} engine over an OpenAI-compatible endpoint, closed-loop load at "
-        f"{card.speed.concurrency} concurrent users, {card.speed.input_lengths[0]} tokens in and "
-        f"{card.speed.output_lengths[0]} out; SLO TTFT p95 <= {card.speed.slo.ttft_ms:g} ms and TPOT p95 <= "
+        f"{card.speed.concurrency} concurrent users, {card.speed.input_len} tokens in and "
+        f"{card.speed.output_len} out; SLO TTFT p95 <= {card.speed.slo.ttft_ms:g} ms and TPOT p95 <= "
         f"{card.speed.slo.tpot_ms:g} ms; goodput counts the requests that met both.",
         "- Recovery: quantized score / baseline score (baseline / quantized for lower-is-better metrics), "
-        "with a paired bootstrap over the same documents (2,000 resamples); for 0/1 outcomes the exact "
-        "McNemar p-value is in gate.json.",
+        f"with a paired bootstrap over the same documents ({decision.policy.bootstrap_resamples:,} resamples); "
+        "for 0/1 outcomes the exact McNemar p-value is in gate.json.",
         "- Quantized builds on a CPU run emulated kernels (weights dequantized to compute): their speed says "
         "nothing about a GPU with native kernels.",
         "",
@@ -265,13 +277,13 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
 
 
 def _save_fig(fig, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
+    atomic_write(path, png.getvalue())
 
 
 def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
-    """Write the charts and the table to reports/<model>/ and log them to MLflow."""
+    """Write the charts and the table of the gate's decision to reports/<model>/ and log them to MLflow."""
     out = reports_dir(card.name)
     out.mkdir(parents=True, exist_ok=True)
     figures = {
@@ -283,9 +295,7 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     for name, fig in figures.items():
         _save_fig(fig, out / name)
     md = out / "report.md"
-    tmp = md.with_name(f".report.md.tmp-{os.getpid()}")
-    tmp.write_text(markdown(card, decision, cols, list(figures)))
-    os.replace(tmp, md)
+    atomic_write(md, markdown(card, decision, cols, list(figures)))
     # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
     history = {"decided": [decision.decided] * len(cols["build"]), **cols}
     tracker.log_report(figures, {"gate_table.json": history}, [md])

@@ -1,26 +1,27 @@
-"""The size stage: will each build fit the card's target GPUs, with how many users, and how fast?
+"""The size stage: will each build fit the card's GPUs, with how many users, and how fast?
 
 Projections come from eval/sizing.py over the model's architecture (`source.config`, else the local
 checkpoint's config.json; nothing is downloaded). Weights are the build's real weight files where
-its quantize stage has run, else the precision's bytes per weight. Where the build was benchmarked,
+its quantize stage has run, else the precision's bytes per weight at the card's group size. The GPUs
+are the card's target GPUs and those its gate requires a fit on. Where the build was benchmarked,
 the projection for the benchmark's own device (its bandwidth, its resident bytes) is set beside the
-measured decode speed, and the ratio is logged.
+measured decode speed.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import eval.gpus as gpus
 import eval.sizing as sizing
+import quant.precisions as precisions
 from pipelines.cards import ModelCard, architecture_config
 from pipelines.errors import QevalError
-from pipelines.stages import StageOutput, StageRecord, file_digest, read_manifest, run_stage, stage_dir
+from pipelines.paths import file_digest
+from pipelines.results import BenchCheck, Benched, Quantized, Sized, finished
+from pipelines.stages import StageRecord, run_stage
 from pipelines.tracking import Tracker
-
-STAGE = "size"
 
 
 def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
@@ -34,10 +35,8 @@ def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
 
 def real_weight_bytes(card: ModelCard, precision: str) -> float | None:
     """The build's weight files in bytes, where its quantize stage has run."""
-    done = read_manifest(stage_dir(card.name, precision, "quantize"))
-    if done and done.get("status") == "done" and "size/checkpoint_gb" in done["metrics"]:
-        return done["metrics"]["size/checkpoint_gb"] * 1e9
-    return None
+    built = finished(card.name, precision, Quantized)
+    return float(built.result.checkpoint_bytes) if built else None
 
 
 def fits_table(
@@ -50,101 +49,71 @@ def fits_table(
     output_len: int,
     assumptions: sizing.Assumptions = sizing.Assumptions(),  # noqa: B008 - frozen
 ) -> list[sizing.Fit]:
+    """The projection of every precision on every GPU named, at one grid point."""
     shape, _ = architecture(card)
-    rows = []
-    for precision in precisions:
-        weights = real_weight_bytes(card, precision)
-        for name in gpu_names:
-            grid = {"batch": batch, "input_len": input_len, "output_len": output_len}
-            rows.append(sizing.fit(shape, precision, gpus.get_gpu(name), **grid, weights=weights, a=assumptions))
-    return rows
-
-
-def bench_check(card: ModelCard, precision: str, shape: sizing.Shape) -> dict[str, float]:
-    """Projected decode ceiling on the benchmark's own device beside the measured speed (batch 1)."""
-    done = read_manifest(stage_dir(card.name, precision, "bench"))
-    if not done or done.get("status") != "done" or done["inputs"]["config"].get("no_weights"):
-        return {}
-    s = done["summary"]
-    measured = dict((int(b), v) for b, v in done["series"].get("engine/decode_tps", [])).get(1)
-    if not measured:
-        return {}
-    context = card.speed.input_lengths[0] + card.speed.output_lengths[0] / 2
-    step = sizing.decode_read_bytes(shape, s["weight_bytes"]) + s["kv_bytes_per_token"] * context
-    ceiling = s["bandwidth_gb_s"] * 1e9 / step
-    return {
-        "size/bench_device_decode_ceiling": ceiling,
-        "size/bench_device_decode_measured": measured,
-        "size/bench_device_measured_over_ceiling": measured / ceiling,
-    }
-
-
-def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False) -> StageRecord:
-    """Project memory and speed of one build on the card's target GPUs and log them."""
-    card.require_precision(precision)
-    shape, config = architecture(card)
-    s = card.speed
-    batch, input_len, output_len = max(s.batch_sizes), s.input_lengths[0], s.output_lengths[0]
-    weights = real_weight_bytes(card, precision)
-    bench = read_manifest(stage_dir(card.name, precision, "bench"))
-    inputs = {
-        "config": file_digest([config]),
-        "weights": weights,
-        "gpus": card.target_gpus,
-        "grid": [batch, input_len, output_len],
-        "bench": [bench["inputs_digest"], bench["started"]] if bench else None,  # a forced rerun counts too
-    }
-
-    def work(out: Path) -> StageOutput:
-        rows = fits_table(card, [precision], card.target_gpus, batch=batch, input_len=input_len, output_len=output_len)
-        metrics: dict[str, float] = {
-            "size/weights_gb": (weights if weights is not None else sizing.weight_bytes(shape, precision)) / 1e9,
-            "size/weights_gb_from_config": sizing.weight_bytes(shape, precision) / 1e9,
-            "size/kv_bytes_per_token": float(sizing.kv_bytes_per_token(shape)),
-        }
-        for f in rows:
-            metrics |= {
-                f"size/{f.gpu}/fits": float(f.fits),
-                f"size/{f.gpu}/total_gb": f.total_gb,
-                f"size/{f.gpu}/max_sequences": float(f.max_sequences),
-                f"size/{f.gpu}/tensor_parallel": float(f.tensor_parallel or 0),
-                f"size/{f.gpu}/decode_tps_ceiling": f.decode_tps_per_user,
-                f"size/{f.gpu}/ttft_ms_floor": f.ttft_ms,
-            }
-        checked = bench_check(card, precision, shape)
-        metrics |= checked
-        table = [f.__dict__ for f in rows]
-        (out / "fits.json").write_text(json.dumps(table, indent=2) + "\n")
-        return StageOutput(
-            metrics=metrics,
-            params={
-                "size.grid": f"batch {batch}, {input_len} in, {output_len} out",
-                "size.weights": "checkpoint files" if weights is not None else "from config",
-                "size.assumptions": json.dumps(sizing.Assumptions().__dict__),
-            },
-            summary={"fits": table, **checked},
-        )
-
-    return run_stage(tracker, precision, STAGE, inputs, _code(), work, force=force)
-
-
-def summary_rows(rows: list[sizing.Fit]) -> list[dict[str, Any]]:
+    grid = {"batch": batch, "input_len": input_len, "output_len": output_len}
     return [
-        {
-            "gpu": f.gpu,
-            "precision": f.precision,
-            "runs": f.execution,
-            "fits": "yes" if f.fits else (f"TP {f.tensor_parallel}" if f.tensor_parallel else "no"),
-            "total GB": f"{f.total_gb:.1f}",
-            "weights GB": f"{f.weights_gb:.2f}",
-            "KV GB": f"{f.kv_gb:.2f}",
-            "max seqs": str(f.max_sequences),
-            "decode tok/s/user": f"{f.decode_tps_per_user:.0f}",
-            "TTFT ms": f"{f.ttft_ms:.3g}",
-        }
-        for f in rows
+        sizing.fit(
+            shape,
+            p,
+            gpus.get_gpu(name),
+            **grid,
+            weights=real_weight_bytes(card, p),
+            group_size=card.quantization.group_size,
+            a=assumptions,
+        )
+        for p in precisions
+        for name in gpu_names
     ]
 
 
-def _code() -> list[Path]:
-    return [Path(sizing.__file__), Path(gpus.__file__), Path(__file__)]
+def bench_check(bench: Benched | None, shape: sizing.Shape) -> BenchCheck | None:
+    """Projected decode ceiling on the benchmark's own device beside the measured speed (batch 1)."""
+    if bench is None or bench.config.no_weights or bench.at(1) is None or not bench.at(1).decode_tps_per_user:
+        return None
+    e = bench.engine
+    context = bench.input_len + bench.output_len / 2
+    ceiling = (
+        e.bandwidth_gb_s * 1e9 / (sizing.decode_read_bytes(shape, e.weight_bytes) + e.kv_bytes_per_token * context)
+    )
+    measured = bench.at(1).decode_tps_per_user
+    return BenchCheck(decode_ceiling=ceiling, decode_measured=measured, measured_over_ceiling=measured / ceiling)
+
+
+def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False) -> StageRecord[Sized]:
+    """Project memory and speed of one build on the card's GPUs and log them."""
+    card.require_precision(precision)
+    shape, config = architecture(card)
+    s, group = card.speed, card.quantization.group_size
+    weights = real_weight_bytes(card, precision)
+    bench = finished(card.name, precision, Benched)
+    inputs = {
+        "config": file_digest([config]),
+        "weights": weights,
+        "gpus": card.sizing_gpus,
+        "grid": [s.largest_batch, s.input_len, s.output_len],
+        "group_size": group,
+        "bench": [bench.inputs_digest, bench.started] if bench else None,  # a forced rerun counts too
+    }
+
+    def work(out: Path) -> Sized:
+        fits = fits_table(card, [precision], card.sizing_gpus, batch=s.largest_batch, input_len=s.input_len,
+                          output_len=s.output_len)  # fmt: skip
+        (out / "fits.json").write_text(json.dumps([f.__dict__ for f in fits], indent=2) + "\n")
+        projected = sizing.weight_bytes(shape, precision, group)
+        return Sized(
+            batch=s.largest_batch,
+            input_len=s.input_len,
+            output_len=s.output_len,
+            group_size=group,
+            weights_bytes=weights if weights is not None else projected,
+            weights_from="checkpoint files" if weights is not None else "from config",
+            weights_bytes_from_config=projected,
+            kv_bytes_per_token=shape.kv_bytes_per_token(),
+            assumptions=sizing.Assumptions(),
+            fits=fits,
+            bench_check=bench_check(bench.result if bench else None, shape),
+        )
+
+    code = [Path(sizing.__file__), Path(gpus.__file__), Path(precisions.__file__), Path(__file__)]
+    return run_stage(tracker, precision, Sized, inputs, code, work, force=force)

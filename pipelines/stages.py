@@ -1,56 +1,44 @@
 """The stage framework: cached, atomic, tracked units of work per build.
 
-A stage's outputs go to artifacts/<model>/<precision>/<stage>/ with manifest.json. The stage is
-skipped when its inputs digest (settings, input files, code of the stage) matches a done manifest.
-Work happens in a `<stage>.partial-<pid>` folder that replaces the old one only once everything,
-MLflow included, has succeeded: a crash leaves the previous result intact and nothing half-written
-marked done. A failed stage is tagged `failed` in MLflow with its error and kept as `<stage>.failed/`.
+A stage's work returns its typed result (pipelines/results.py), which goes into
+artifacts/<model>/<precision>/<stage>/manifest.json beside the stage's files. The stage is skipped
+when its inputs digest (settings, input files, code of the stage) matches a finished manifest. Work
+happens in a `<stage>.partial-<pid>` folder that replaces the old one only once everything, MLflow
+included, has succeeded: a crash leaves the previous result intact and nothing half-written marked
+done. A failed stage is tagged `failed` in MLflow with its error and kept as `<stage>.failed/`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
+import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pipelines.errors import QevalError
-from pipelines.paths import artifacts_dir
+from pipelines.paths import REPO_ROOT, file_digest
+from pipelines.results import STAGES, CodeVersion, Manifest, StageResult, build_dir, read_manifest, write_manifest
 from pipelines.tracking import ParamsChanged, Tracker
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 _VERSIONED = ["torch", "transformers", "lm_eval", "llmcompressor", "compressed-tensors", "mlflow"]
+R = TypeVar("R", bound=StageResult)
 
 
 @dataclass(frozen=True)
-class StageOutput:
-    """What a stage's work returns: MLflow metrics and params, and a JSON summary for people."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    """Metrics over a step (batch size, concurrency): name -> [(step, value), ...]."""
-    params: dict[str, str] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
-    unlogged: list[str] = field(default_factory=list)
-    """Top-level names in the stage folder kept out of MLflow (e.g. a multi-GB checkpoint)."""
-    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Data sets the stage read, by name: source and sha256, logged as MLflow run inputs."""
-
-
-@dataclass(frozen=True)
-class StageRecord:
+class StageRecord(Generic[R]):
     """A stage of one build, done now or found done earlier."""
 
     model: str
@@ -61,8 +49,7 @@ class StageRecord:
     digest: str
     run_id: str
     path: Path
-    metrics: dict[str, float]
-    summary: dict[str, Any]
+    result: R
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -74,22 +61,8 @@ class StageRecord:
             "digest": self.digest,
             "run_id": self.run_id,
             "path": str(self.path),
-            "metrics": self.metrics,
-            "summary": self.summary,
+            "result": json.loads(self.result.model_dump_json()),
         }
-
-
-def file_digest(paths: Iterable[Path]) -> str:
-    """sha256 over files (and every file under folders), by relative name and content."""
-    h = hashlib.sha256()
-    for root in paths:
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-        for f in files:
-            h.update(str(f.relative_to(root) if root.is_dir() else f.name).encode())
-            with f.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-    return h.hexdigest()
 
 
 def inputs_digest(inputs: Mapping[str, Any], code: Iterable[Path]) -> str:
@@ -97,17 +70,6 @@ def inputs_digest(inputs: Mapping[str, Any], code: Iterable[Path]) -> str:
     h = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
     h.update(file_digest(code).encode())
     return h.hexdigest()
-
-
-def stage_dir(model: str, precision: str, stage: str) -> Path:
-    return artifacts_dir() / model / precision / stage
-
-
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def library_versions() -> dict[str, str]:
@@ -120,31 +82,43 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+@cache
+def code_version() -> CodeVersion:
+    """The git commit of qeval's code and whether tracked files differ from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=30
+        ).stdout
+
+    try:
+        return CodeVersion(
+            commit=git("rev-parse", "HEAD").strip(), dirty=bool(git("status", "--porcelain", "-uno").strip())
+        )
+    except (OSError, subprocess.SubprocessError):
+        return CodeVersion(commit="unknown", dirty=None)
 
 
 @contextmanager
-def _build_lock(model: str, precision: str):
+def _build_lock(model: str, precision: str) -> Iterator[None]:
     """One stage at a time per build; different builds and models run in parallel."""
-    folder = artifacts_dir() / model / precision
+    from filelock import FileLock
+
+    folder = build_dir(model, precision)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fh = open(folder / ".lock", "a")  # noqa: SIM115 - released in finally
+        lock = FileLock(folder / ".lock")
+        lock.acquire()
     except OSError as e:
         raise QevalError(f"cannot write artifacts under {folder}: {e.strerror}; set QEVAL_WORKDIR") from None
     try:
-        fcntl.flock(fh, fcntl.LOCK_EX)
         yield
     finally:
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        fh.close()
+        lock.release()
 
 
 @contextmanager
-def _capture_log(path: Path):
+def _capture_log(path: Path) -> Iterator[None]:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
@@ -156,57 +130,75 @@ def _capture_log(path: Path):
         handler.close()
 
 
-def _log_to_run(tracker: Tracker, precision: str, stage: str, manifest: dict, files: Path) -> str:
+def _files(folder: Path, manifest: Manifest) -> list[Path]:
+    unlogged = type(manifest.result).UNLOGGED
+    return [p for p in sorted(folder.iterdir()) if p.name not in unlogged]
+
+
+def _log_to_run(tracker: Tracker, manifest: Manifest, folder: Path) -> str:
     """Log a stage to the build's current run; on changed params, start a new run and re-log the rest."""
+    precision = manifest.precision
     run_id = tracker.build_run(precision)
     try:
-        _log_manifest(tracker, run_id, manifest, files)
+        tracker.log_stage(run_id, manifest, _files(folder, manifest))
         return run_id
     except ParamsChanged:
-        log.info("%s@%s: %s settings changed; starting a new MLflow run", tracker.model, precision, stage)
+        log.info("%s@%s: %s settings changed; starting a new MLflow run", tracker.model, precision, manifest.stage)
     run_id = tracker.build_run(precision, new=True)
-    for other in sorted((artifacts_dir() / tracker.model / precision).iterdir()):
-        done = read_manifest(other)
-        if done and done.get("status") == "done" and done["stage"] == other.name != stage:
-            _log_manifest(tracker, run_id, done, other)
-    _log_manifest(tracker, run_id, manifest, files)
+    for stage, kind in STAGES.items():
+        other = build_dir(tracker.model, precision) / stage
+        done = read_manifest(other, kind) if stage != manifest.stage else None
+        if done is not None:
+            tracker.log_stage(run_id, done, _files(other, done))
+    tracker.log_stage(run_id, manifest, _files(folder, manifest))
     return run_id
 
 
-def _log_manifest(tracker: Tracker, run_id: str, manifest: dict, folder: Path) -> None:
-    files = [p for p in sorted(folder.iterdir()) if p.name not in manifest.get("unlogged", [])]
-    tracker.log_stage(
-        run_id,
-        manifest["stage"],
-        manifest["inputs_digest"],
-        manifest["metrics"],
-        manifest["params"],
-        files,
-        manifest.get("series", {}),
-        manifest.get("datasets", {}),
-    )
+def _record(manifest: Manifest[R], status: str, run_id: str, path: Path) -> StageRecord[R]:
+    m = manifest
+    return StageRecord(m.model, m.precision, m.stage, status, m.seconds, m.inputs_digest, run_id, path, m.result)
+
+
+def _promote(partial: Path, final: Path) -> None:
+    """Put a finished stage folder in place of the previous one, whose leftovers go."""
+    old = final.with_name(f"{final.name}.old-{os.getpid()}")
+    if final.exists():
+        final.rename(old)
+    partial.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(final.with_name(f"{final.name}.failed"), ignore_errors=True)
+
+
+def _fail(tracker: Tracker, partial: Path, final: Path, precision: str, e: Exception) -> QevalError:
+    """Keep a failed attempt as `<stage>.failed/`, tag the run, and say so in one line."""
+    error = str(e) if isinstance(e, QevalError) else f"{type(e).__name__}: {e}"
+    failed = final.with_name(f"{final.name}.failed")
+    shutil.rmtree(failed, ignore_errors=True)
+    partial.rename(failed)
+    tracker.mark_failed(tracker.build_run(precision), final.name, error)
+    return QevalError(f"stage '{final.name}' failed for {tracker.model}@{precision}: {error} (log: {failed})")
 
 
 def run_stage(
     tracker: Tracker,
     precision: str,
-    stage: str,
+    kind: type[R],
     inputs: Mapping[str, Any],
     code: Iterable[Path],
-    work: Callable[[Path], StageOutput],
+    work: Callable[[Path], R],
     *,
     force: bool = False,
-) -> StageRecord:
+) -> StageRecord[R]:
     """Run `work(folder)` for one build's stage unless an identical run is already done."""
-    model = tracker.model
+    model, stage = tracker.model, kind.STAGE
     digest = inputs_digest(inputs, code)
-    final = stage_dir(model, precision, stage)
+    final = build_dir(model, precision) / stage
     with _build_lock(model, precision):
-        done = read_manifest(final)
-        if not force and done and done.get("status") == "done" and done.get("inputs_digest") == digest:
+        done = read_manifest(final, kind)
+        if not force and done is not None and done.inputs_digest == digest:
             run_id = tracker.build_run(precision)
             if not tracker.stage_is_logged(run_id, stage, digest):  # e.g. a fresh MLflow store
-                run_id = _log_to_run(tracker, precision, stage, done, final)
+                run_id = _log_to_run(tracker, done, final)
             log.info("%s@%s %s: unchanged, skipped", model, precision, stage)
             return _record(done, "skipped", run_id, final)
 
@@ -219,52 +211,22 @@ def run_stage(
         log.info("%s@%s %s: running", model, precision, stage)
         try:
             with _capture_log(partial / "stage.log"):
-                out = work(partial)
+                result = work(partial)
         except Exception as e:
-            error = f"{type(e).__name__}: {e}" if not isinstance(e, QevalError) else str(e)
-            failed = final.with_name(f"{stage}.failed")
-            shutil.rmtree(failed, ignore_errors=True)
-            partial.rename(failed)
-            tracker.mark_failed(tracker.build_run(precision), stage, error)
-            raise QevalError(f"stage '{stage}' failed for {model}@{precision}: {error} (log: {failed})") from e
-        manifest = {
-            "model": model,
-            "precision": precision,
-            "stage": stage,
-            "status": "done",
-            "inputs": dict(inputs),
-            "inputs_digest": digest,
-            "started": started.isoformat(timespec="seconds"),
-            "seconds": round(time.perf_counter() - t0, 2),
-            "metrics": out.metrics,
-            "series": out.series,
-            "params": out.params,
-            "summary": out.summary,
-            "unlogged": out.unlogged,
-            "datasets": out.datasets,
-            "versions": library_versions(),
-        }
-        write_json_atomic(partial / MANIFEST, manifest)
-        run_id = _log_to_run(tracker, precision, stage, manifest, partial)
-        old = final.with_name(f"{stage}.old-{os.getpid()}")
-        if final.exists():
-            final.rename(old)
-        partial.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-        shutil.rmtree(final.with_name(f"{stage}.failed"), ignore_errors=True)
+            raise _fail(tracker, partial, final, precision, e) from e
+        manifest = Manifest[kind](
+            model=model,
+            precision=precision,
+            stage=stage,
+            inputs=dict(inputs),
+            inputs_digest=digest,
+            started=started.isoformat(timespec="seconds"),
+            seconds=round(time.perf_counter() - t0, 2),
+            versions=library_versions(),
+            code=code_version(),
+            result=result,
+        )
+        write_manifest(partial, manifest)
+        run_id = _log_to_run(tracker, manifest, partial)
+        _promote(partial, final)
         return _record(manifest, "done", run_id, final)
-
-
-def _record(manifest: dict, status: str, run_id: str, path: Path) -> StageRecord:
-    return StageRecord(
-        model=manifest["model"],
-        precision=manifest["precision"],
-        stage=manifest["stage"],
-        status=status,
-        seconds=manifest["seconds"],
-        digest=manifest["inputs_digest"],
-        run_id=run_id,
-        path=path,
-        metrics=manifest["metrics"],
-        summary=manifest["summary"],
-    )

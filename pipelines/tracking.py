@@ -1,46 +1,261 @@
-"""The MLflow contract (shared/DESIGN.md): the only module that imports mlflow.
+"""MLflow: the only module that imports mlflow, and the one place every MLflow name qeval writes is defined.
 
 One experiment per model (`qeval/<model>`), one run per build (`<model>@<precision>`); each stage adds
 its metrics, params and artifacts to that run and sets the tag `qeval.stage.<stage>` to `done` or
-`failed`. The store is $MLFLOW_TRACKING_URI, else SQLite at mlruns/mlflow.db with artifacts under
-mlruns/artifacts/.
+`failed`. A summary run per model holds the gate's policy, its decision and the report. The store is
+$MLFLOW_TRACKING_URI, else SQLite at mlruns/mlflow.db with artifacts under mlruns/artifacts/.
+
+The typed results of pipelines/results.py become MLflow names in pure functions (logged(),
+verdict_metrics(), decision_params()), which MlflowTracker writes to the store; tests that are not
+about tracking pass a stand-in that keeps the same in memory (tests/memory_tracker.py). README.md
+("MLflow layout") lists the names; tests/test_tracking.py holds it to NAMES.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
 import os
-import re
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pipelines.errors import QevalError
 from pipelines.paths import mlruns_dir
+from pipelines.results import (
+    Benched,
+    BuildVerdict,
+    CodeVersion,
+    Decision,
+    Evaluated,
+    Manifest,
+    Measured,
+    Quantized,
+    Served,
+    Sized,
+    StageResult,
+)
+from quant.precisions import get_precision
 
 log = logging.getLogger(__name__)
 
-EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+# ---- names ------------------------------------------------------------------------------------------
+
+EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")  # opens the UI on the runs table
 TAG_MODEL, TAG_PRECISION = "qeval.model", "qeval.precision"
-TAG_SUPERSEDED = "qeval.superseded_by"
 TAG_KIND, KIND_SUMMARY = "qeval.kind", "summary"
+TAG_SUPERSEDED = "qeval.superseded_by"
 TAG_VERDICT, TAG_REASONS, TAG_CHOSEN = "qeval.gate.verdict", "qeval.gate.reasons", "qeval.gate.chosen"
+TAG_SHIPS = "qeval.chosen"  # on the summary run: the precision that ships, or none
+TAG_COMMIT, TAG_DIRTY = "mlflow.source.git.commit", "qeval.git_dirty"
+TAG_STAGE, TAG_STAGE_DIGEST, TAG_STAGE_ERROR = (
+    "qeval.stage.{stage}",
+    "qeval.stage.{stage}.digest",
+    "qeval.stage.{stage}.error",
+)
 SHIP_ALIAS = "ship"
 _MAX_TAG = 5000  # MLflow's limit on a tag value is 8000 characters; keep errors well inside it.
 
+EVAL_METRIC = "eval/{task}/{metric}"
+EVAL_STDERR = "eval/{task}/{name}_stderr{filter}"
+RECOVERY_METRIC = "recovery/{task}/{metric}"
+SIZE_GPU_METRIC = "size/{gpu}/{figure}"
 
-def stage_tag(stage: str) -> str:
-    return f"qeval.stage.{stage}"
+Getter = Callable[[Any], Any]
+
+
+def _grouped(q: Quantized) -> bool:
+    return q.config is not None and get_precision(q.config.precision).grouped
+
+
+QUANTIZE_METRICS: dict[str, Getter] = {
+    "size/checkpoint_gb": lambda q: q.checkpoint_bytes / 1e9,
+    "quant/kl_vs_baseline": lambda q: q.proof and q.proof.kl_vs_baseline,
+    "quant/top1_agreement": lambda q: q.proof and q.proof.top1_agreement,
+    "quant/seconds": lambda q: q.build and q.build.seconds,
+    "quant/peak_rss_gb": lambda q: q.build and q.build.peak_rss_mb * 2**20 / 1e9,
+}
+BENCH_METRICS: dict[str, Getter] = {
+    "mem/weights_gb": lambda b: b.engine.weight_bytes / 1e9,
+    "mem/kv_bytes_per_token": lambda b: b.engine.kv_bytes_per_token,
+}
+BENCH_SERIES: dict[str, Getter] = {  # step = batch size, at the grid's main point
+    "engine/ttft_ms": lambda p: p.ttft_ms_p50,
+    "engine/decode_tps": lambda p: p.decode_tps_per_user,
+    "engine/total_tps": lambda p: p.decode_tps_total,
+    "engine/e2e_ms": lambda p: p.e2e_ms_p50,
+    "engine/itl_ms": lambda p: p.itl_ms_p50,
+    "engine/mbu": lambda p: p.mbu,
+    "engine/total_chars_per_s": lambda p: p.chars_per_s_total,
+    "mem/peak_gb": lambda p: p.peak_mem_bytes and p.peak_mem_bytes / 1e9,
+}
+SERVE_METRICS: dict[str, Getter] = {
+    "server/max_users_at_slo": lambda s: s.max_users_at_slo,
+    "server/failed_requests": lambda s: s.failed_requests,
+    "server/generator_ceiling_chunks_s": lambda s: s.generator_ceiling.chunks_per_s,
+}
+_LATENCY = [f"{m}_p{q}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") for q in (50, 90, 99)]
+_THROUGHPUT = ["output_tps", "output_tps_per_user", "request_tps", "goodput_rps", "slo_attainment", "failed"]
+SERVE_SERIES: dict[str, Getter] = {  # step = concurrency
+    f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT
+}
+SIZE_METRICS: dict[str, Getter] = {
+    "size/weights_gb": lambda s: s.weights_bytes / 1e9,
+    "size/weights_gb_from_config": lambda s: s.weights_bytes_from_config / 1e9,
+    "size/kv_bytes_per_token": lambda s: s.kv_bytes_per_token,
+    "size/bench_device_decode_ceiling": lambda s: s.bench_check and s.bench_check.decode_ceiling,
+    "size/bench_device_decode_measured": lambda s: s.bench_check and s.bench_check.decode_measured,
+    "size/bench_device_measured_over_ceiling": lambda s: s.bench_check and s.bench_check.measured_over_ceiling,
+}
+SIZE_GPU_FIGURES: dict[str, Getter] = {  # size/<gpu>/<figure>, per target GPU
+    "fits": lambda f: f.fits,
+    "total_gb": lambda f: f.total_gb,
+    "max_sequences": lambda f: f.max_sequences,
+    "tensor_parallel": lambda f: f.tensor_parallel or 0,
+    "decode_tps_ceiling": lambda f: f.decode_tps_per_user,
+    "ttft_ms_floor": lambda f: f.ttft_ms,
+}
+GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
+    "gate/recovery_worst": lambda b: b.worst_task()[1].recovery[0] if b.tasks else 1.0,
+    "gate/recovery_worst_lower": lambda b: b.worst_task()[1].recovery[1] if b.tasks else None,
+    "gate/speedup": lambda b: b.speedup,
+    "gate/decode_tps": lambda b: b.speed.decode_tps,
+    "gate/goodput_rps": lambda b: b.speed.goodput,
+    "gate/users_at_slo": lambda b: b.speed.users_at_slo,
+}
+
+# Params: every setting that changes a result. Each table maps a field of the stage's config to its
+# param; NOT_SETTINGS names the fields that are not settings (tests/test_tracking.py checks coverage).
+QUANTIZE_SETTINGS = {
+    "group_size": "quant.group_size",
+    "ignore": "quant.ignore",
+    "calibration": "quant.calibration",
+    "trust_remote_code": "quant.trust_remote_code",
+    "seed": "quant.seed",
+}
+VERIFY_SETTINGS = {"max_tokens": "quant.verify_max_tokens", "min_agreement": "quant.verify_min_agreement"}
+EVAL_SETTINGS = {
+    "tasks": "eval.tasks",
+    "num_fewshot": "eval.num_fewshot",
+    "limit": "eval.limit",
+    "batch_size": "eval.batch_size",
+    "seed": "eval.seed",
+    "device": "eval.device",
+    "dtype": "eval.dtype",
+    "softmax_dtype": "eval.softmax_dtype",
+    "bootstrap_iters": "eval.bootstrap_iters",
+    "trust_remote_code": "eval.trust_remote_code",
+    "backend": "eval.backend",
+}
+ENGINE_SETTINGS = {
+    "no_weights": "engine.weights",
+    "batch_sizes": "engine.batch_sizes",
+    "input_lengths": "engine.input_lengths",
+    "output_lengths": "engine.output_lengths",
+    "warmup": "engine.warmup",
+    "repeats": "engine.repeats",
+    "device": "engine.device",
+    "dtype": "engine.dtype",
+    "compile": "engine.compile",
+    "bandwidth_gb_s": "engine.bandwidth_gb_s",
+    "trust_remote_code": "engine.trust_remote_code",
+    "seed": "engine.seed",
+}
+LOAD_SETTINGS = {
+    "api": "server.api",
+    "concurrency": "server.concurrency",
+    "requests_per_user": "server.requests_per_user",
+    "warmup": "server.warmup",
+    "input_len": "server.input_len",
+    "output_len": "server.output_len",
+    "exact_length": "server.exact_length",
+    "timeout_s": "server.timeout_s",
+    "warmup_timeout_s": "server.warmup_timeout_s",
+}
+NOT_SETTINGS = {  # config type name -> its fields that are not settings, and why
+    "QuantizeConfig": {"base": "a path; its digest is in the cache key", "precision": "the run's tag"},
+    "VerifyConfig": {
+        "base": "a path",
+        "checkpoint": "a path",
+        "precision": "the run's tag",
+        "trust_remote_code": "quant.trust_remote_code",
+    },
+    "AccuracyConfig": {"checkpoint": "a path", "include_path": "a path; eval.task_data_sha256 identifies it"},
+    "EngineConfig": {"checkpoint": "a path", "precision": "the run's tag", "quantized": "follows the precision"},
+}
+QUANTIZE_PARAMS: dict[str, Getter] = {  # derived from the result; override a setting of the same name
+    "quant.scheme": lambda q: q.scheme,
+    "quant.base": lambda q: q.source,
+    "quant.format": lambda q: q.proof and q.proof.format,
+    "quant.weight_bits": lambda q: q.proof and q.proof.weight_bits,
+    "quant.group_size": lambda q: q.config and (q.config.group_size if _grouped(q) else "per-channel"),
+    "quant.calibration": lambda q: q.config and q.config.calibration and q.config.calibration.dataset,
+    "quant.calibration_max_seq_length": lambda q: (
+        q.config and q.config.calibration and q.config.calibration.max_seq_length
+    ),
+    "quant.calibration_samples": lambda q: q.build and q.config.calibration and q.build.calibration_samples,
+    "quant.calibration_tokens": lambda q: q.build and q.config.calibration and q.build.calibration_tokens,
+    "quant.calibration_sha256": lambda q: q.build and q.build.calibration_sha256,
+}
+EVAL_PARAMS: dict[str, Getter] = {
+    "eval.backend": lambda e: e.accuracy.backend,
+    "eval.task_data_sha256": lambda e: e.task_data_sha256 or "hub",
+}
+BENCH_PARAMS: dict[str, Getter] = {
+    "engine.device": lambda b: b.engine.device_name,
+    "engine.engine": lambda b: b.engine.engine,
+    "engine.kernels": lambda b: b.engine.kernels,
+    "engine.weights": lambda b: "random (no_weights)" if b.config.no_weights else "checkpoint",
+    "engine.input_len": lambda b: b.input_len,
+    "engine.output_len": lambda b: b.output_len,
+    "engine.bandwidth_gb_s": lambda b: f"{b.engine.bandwidth_gb_s:.1f} ({b.engine.bandwidth_source})",
+}
+SERVE_PARAMS: dict[str, Getter] = {
+    "server.engine": lambda s: s.engine,
+    "server.slo": lambda s: f"TTFT p95 <= {s.slo.ttft_ms:g} ms, TPOT p95 <= {s.slo.tpot_ms:g} ms",
+}
+SIZE_PARAMS: dict[str, Getter] = {
+    "size.grid": lambda s: f"batch {s.batch}, {s.input_len} in, {s.output_len} out",
+    "size.gpus": lambda s: [f.gpu for f in s.fits],
+    "size.group_size": lambda s: s.group_size,
+    "size.weights": lambda s: s.weights_from,
+    "size.assumptions": lambda s: json.dumps(s.assumptions.__dict__),
+}
+GATE_PARAM = "gate.{key}"  # the summary run: one per policy key
+
+
+def _templated(name: str) -> str:
+    return name.replace("{", "<").replace("}", ">")
+
+
+NAMES: dict[str, list[str]] = {
+    "experiment": ["qeval/<model>"],
+    "metrics": [
+        *QUANTIZE_METRICS, *BENCH_METRICS, *SERVE_METRICS, *SIZE_METRICS, *GATE_METRICS,
+        *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC)), "eval/<task>/<metric>_stderr",
+        *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
+    ],
+    "series": [*BENCH_SERIES, *SERVE_SERIES],
+    "params": sorted({
+        *QUANTIZE_SETTINGS.values(), *VERIFY_SETTINGS.values(), *EVAL_SETTINGS.values(), *ENGINE_SETTINGS.values(),
+        *LOAD_SETTINGS.values(), *QUANTIZE_PARAMS, *EVAL_PARAMS, *BENCH_PARAMS, *SERVE_PARAMS, *SIZE_PARAMS,
+        _templated(GATE_PARAM),
+    }),
+    "tags": [
+        TAG_MODEL, TAG_PRECISION, TAG_KIND, TAG_SUPERSEDED, TAG_VERDICT, TAG_REASONS, TAG_CHOSEN, TAG_SHIPS,
+        TAG_COMMIT, TAG_DIRTY, *(_templated(t) for t in (TAG_STAGE, TAG_STAGE_DIGEST, TAG_STAGE_ERROR)),
+    ],
+}  # fmt: skip
 
 
 def experiment_name(model: str) -> str:
-    return f"qeval/{model}"
+    return NAMES["experiment"][0].replace("<model>", model)
 
 
 def run_name(model: str, precision: str) -> str:
@@ -53,6 +268,122 @@ def summary_run_name(model: str) -> str:
 
 def registered_model_name(model: str) -> str:
     return f"qeval-{model}"
+
+
+# ---- typed results to MLflow names (pure) ------------------------------------------------------------
+
+
+@dataclass
+class Logged:
+    """What one stage writes to its build's run."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Metrics over a step (batch size, concurrency): name -> [(step, value), ...]."""
+    params: dict[str, str] = field(default_factory=dict)
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _numbers(table: Mapping[str, Getter], obj: Any) -> dict[str, float]:
+    values = {name: get(obj) for name, get in table.items()}
+    return {k: float(v) for k, v in values.items() if v is not None and not isinstance(v, str)}
+
+
+def _params(table: Mapping[str, Getter], obj: Any) -> dict[str, str]:
+    values = {name: get(obj) for name, get in table.items()}
+    return {k: _text(v) for k, v in values.items() if v is not None}
+
+
+def _settings(config: Any, table: Mapping[str, str]) -> dict[str, str]:
+    return {param: _text(getattr(config, name)) for name, param in table.items()} if config is not None else {}
+
+
+def _finite(values: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if math.isfinite(v)}
+
+
+def logged(result: StageResult) -> Logged:
+    """The metrics, series, params and data sets a stage's result logs to its build's run."""
+    match result:
+        case Quantized():
+            params = _settings(result.config, QUANTIZE_SETTINGS) | _settings(result.verify, VERIFY_SETTINGS)
+            return Logged(_numbers(QUANTIZE_METRICS, result), params=params | _params(QUANTIZE_PARAMS, result))
+        case Evaluated():
+            metrics = {}
+            for task, scores in result.accuracy.scores.items():
+                for m in scores:
+                    metrics[EVAL_METRIC.format(task=task, metric=m.id)] = m.value
+                    if m.stderr is not None:
+                        suffix = "" if m.filter == "none" else f"/{m.filter}"
+                        metrics[EVAL_STDERR.format(task=task, name=m.name, filter=suffix)] = m.stderr
+            for task, values in (result.recovery or {}).items():
+                metrics |= {RECOVERY_METRIC.format(task=task, metric=k): v for k, v in values.items()}
+            params = _settings(result.config, EVAL_SETTINGS) | _params(EVAL_PARAMS, result)
+            return Logged(_finite(metrics), params=params, datasets=result.accuracy.datasets)
+        case Benched():
+            points = result.main_points()
+            series = {n: [(p.batch, v) for p in points if (v := get(p)) is not None] for n, get in BENCH_SERIES.items()}
+            params = _settings(result.config, ENGINE_SETTINGS) | _params(BENCH_PARAMS, result)
+            return Logged(_numbers(BENCH_METRICS, result), series, params)
+        case Served():
+            levels = result.per_level.items()
+            series = {
+                n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None] for n, get in SERVE_SERIES.items()
+            }
+            params = _settings(result.load, LOAD_SETTINGS) | _params(SERVE_PARAMS, result)
+            return Logged(_numbers(SERVE_METRICS, result), series, params)
+        case Sized():
+            metrics = _numbers(SIZE_METRICS, result)
+            for f in result.fits:
+                metrics |= {
+                    SIZE_GPU_METRIC.format(gpu=f.gpu, figure=k): float(get(f)) for k, get in SIZE_GPU_FIGURES.items()
+                }
+            return Logged(metrics, params=_params(SIZE_PARAMS, result))
+    raise TypeError(f"no MLflow mapping for {type(result).__name__}")
+
+
+def verdict_metrics(build: BuildVerdict) -> dict[str, float]:
+    """A build's headline figures under the gate (`gate/*`), for the runs table."""
+    return _finite(_numbers(GATE_METRICS, build))
+
+
+def baseline_metrics(baseline: Measured) -> dict[str, float]:
+    """The baseline's `gate/*` figures: recovery and speed-up 1 by definition."""
+    build = BuildVerdict(precision="", verdict="", rules=[], tasks={}, speed=baseline, speedup=1.0)
+    return verdict_metrics(build)
+
+
+def verdict_tags(build: BuildVerdict | None) -> dict[str, str]:
+    """A build's verdict and its reasons, one per line (None: the baseline); register_ship marks the chosen."""
+    if build is None:
+        return {TAG_VERDICT: "BASELINE", TAG_REASONS: "the baseline every build is compared with"}
+    return {TAG_VERDICT: build.verdict, TAG_REASONS: "\n".join(build.reasons)[:_MAX_TAG], TAG_CHOSEN: "false"}
+
+
+def summary_tags(decision: Decision) -> dict[str, str]:
+    return {TAG_SHIPS: decision.chosen or "none", **code_tags(decision.code)}
+
+
+def decision_params(decision: Decision) -> dict[str, str]:
+    """The policy the decision was made under, one `gate.<key>` param per policy key."""
+    values = decision.policy.model_dump()
+    return {
+        GATE_PARAM.format(key=k): json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in values.items()
+    }
+
+
+def code_tags(code: CodeVersion) -> dict[str, str]:
+    return {TAG_COMMIT: code.commit, TAG_DIRTY: str(code.dirty).lower()}
+
+
+def stage_tags(stage: str, digest: str, code: CodeVersion) -> dict[str, str]:
+    return {TAG_STAGE.format(stage=stage): "done", TAG_STAGE_DIGEST.format(stage=stage): digest, **code_tags(code)}
 
 
 def tracking_uri() -> str:
@@ -70,49 +401,16 @@ def redact(uri: str) -> str:
     return uri
 
 
-def metric_key(task: str, lm_eval_key: str, prefix: str = "eval") -> str | None:
-    """lm-eval's `acc,none` -> `eval/<task>/acc`; `em,strict-match` -> `eval/<task>/em/strict-match`.
-
-    None for keys that are not metrics (`alias`, `samples`). MLflow refuses commas in names.
-    """
-    if "," not in lm_eval_key:
-        return None
-    metric, _, filt = lm_eval_key.partition(",")
-    name = metric if filt in ("", "none") else f"{metric}/{filt}"
-    return f"{prefix}/{task}/{re.sub(r'[^A-Za-z0-9_./ -]', '_', name)}"
-
-
-def lm_eval_metrics(results: Mapping[str, Mapping[str, object]], prefix: str = "eval") -> dict[str, float]:
-    """Flatten lm-eval's `results` section (or one keyed like it) to MLflow metrics; "N/A" stderrs are left out."""
-    out: dict[str, float] = {}
-    for task, values in results.items():
-        for key, value in values.items():
-            name = metric_key(task, key, prefix)
-            if name is None or isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            if math.isfinite(value):
-                out[name] = float(value)
-    return out
-
-
 def ui_command(host: str, port: int | str) -> list[str]:
     """The command that serves the MLflow UI over the store."""
     uri = tracking_uri()
     db = _sqlite_path(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
-    return [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+
+
+# ---- trackers ----------------------------------------------------------------------------------------
 
 
 class ParamsChanged(Exception):
@@ -127,21 +425,19 @@ def _sqlite_path(uri: str) -> Path | None:
 def _store_lock(uri: str) -> Iterator[None]:
     """Serialise store creation and experiment/run creation between processes sharing a SQLite store.
 
-    Twelve processes creating a fresh MLflow database at once all failed (shared/TOOLCHAIN.md).
+    Twelve processes creating a fresh MLflow database at once all failed (docs/toolchain.md).
     """
     db = _sqlite_path(uri)
     if db is None:
         yield
         return
-    with open(db.parent / ".qeval.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    from filelock import FileLock
+
+    with FileLock(db.parent / ".qeval.lock"):
+        yield
 
 
-class Tracker:
+class MlflowTracker:
     """A handle on the MLflow store for one model's experiment."""
 
     def __init__(self, model: str, uri: str | None = None):
@@ -167,18 +463,14 @@ class Tracker:
                 f"or QEVAL_WORKDIR to a writable place"
             ) from None
 
-    def _artifact_location(self) -> str | None:
-        db = _sqlite_path(self.uri)
-        return str(db.parent / "artifacts" / self.model) if db is not None else None
-
     def _experiment(self) -> str:
         name = experiment_name(self.model)
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id
-        return self.client.create_experiment(
-            name, artifact_location=self._artifact_location(), tags=dict([EXPERIMENT_KIND_TAG])
-        )
+        db = _sqlite_path(self.uri)
+        location = str(db.parent / "artifacts" / self.model) if db is not None else None
+        return self.client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND_TAG]))
 
     def build_run(self, precision: str, *, new: bool = False) -> str:
         """The id of the current run of build `<model>@<precision>`, created when missing or `new`."""
@@ -190,7 +482,10 @@ class Tracker:
 
     def _current_run(self, tag: str, value: str, name: str, new: bool) -> str:
         with _store_lock(self.uri):
-            current = self._find_run(tag, value)
+            runs = self.client.search_runs(
+                [self.experiment_id], filter_string=f"tags.`{tag}` = '{value}'", order_by=["attributes.start_time DESC"]
+            )
+            current = next((r.info.run_id for r in runs if TAG_SUPERSEDED not in r.data.tags), None)
             if current is not None and not new:
                 return current
             run = self.client.create_run(self.experiment_id, run_name=name, tags={TAG_MODEL: self.model, tag: value})
@@ -199,51 +494,40 @@ class Tracker:
                 self.client.delete_run(current)
             return run.info.run_id
 
-    def find_run(self, precision: str) -> str | None:
-        return self._find_run(TAG_PRECISION, precision)
-
-    def _find_run(self, tag: str, value: str) -> str | None:
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`{tag}` = '{value}'",
-            order_by=["attributes.start_time DESC"],
-        )
-        live = [r for r in runs if TAG_SUPERSEDED not in r.data.tags]
-        return live[0].info.run_id if live else None
-
     def stage_is_logged(self, run_id: str, stage: str, digest: str) -> bool:
         tags = self.client.get_run(run_id).data.tags
-        return tags.get(stage_tag(stage)) == "done" and tags.get(f"{stage_tag(stage)}.digest") == digest
+        return (
+            tags.get(TAG_STAGE.format(stage=stage)) == "done"
+            and tags.get(TAG_STAGE_DIGEST.format(stage=stage)) == digest
+        )
 
-    def log_stage(
-        self,
-        run_id: str,
-        stage: str,
-        digest: str,
-        metrics: Mapping[str, float],
-        params: Mapping[str, str],
-        files: Iterable[Path] = (),
-        series: Mapping[str, Iterable[tuple[int, float]]] | None = None,
-        datasets: Mapping[str, Mapping[str, object]] | None = None,
-    ) -> None:
-        """Log a finished stage; ParamsChanged when a param already holds another value."""
-        from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
-        from mlflow.exceptions import MlflowException
+    def _batch(self, run_id: str, metrics=None, series=None, params=None, tags=None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()]
+            + [Metric(k, float(v), now, int(step)) for k, points in (series or {}).items() for step, v in points],
+            params=[Param(k, v) for k, v in (params or {}).items()],
+            tags=[RunTag(k, v) for k, v in (tags or {}).items()],
+        )
+
+    def log_stage(self, run_id: str, manifest: Manifest, files: Iterable[Path]) -> None:
+        """Log a finished stage; ParamsChanged when a param already holds another value."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+        from mlflow.exceptions import MlflowException
+
+        stage, out = manifest.stage, logged(manifest.result)
         data = self.client.get_run(run_id).data
-        existing = data.params
-        if any(k in existing and existing[k] != str(v) for k, v in params.items()):
+        if any(k in data.params and data.params[k] != v for k, v in out.params.items()):
             raise ParamsChanged(stage)
         try:
-            self.client.log_batch(
-                run_id,
-                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()]
-                + [Metric(k, float(v), now, int(step)) for k, points in (series or {}).items() for step, v in points],
-                params=[Param(k, str(v)) for k, v in params.items() if k not in existing],
-                tags=[RunTag(stage_tag(stage), "done"), RunTag(f"{stage_tag(stage)}.digest", digest)],
+            new_params = {k: v for k, v in out.params.items() if k not in data.params}
+            self._batch(
+                run_id, out.metrics, out.series, new_params, stage_tags(stage, manifest.inputs_digest, manifest.code)
             )
-            if datasets:
+            if out.datasets:
                 self.client.log_inputs(
                     run_id,
                     datasets=[
@@ -256,7 +540,7 @@ class Tracker:
                             ),
                             tags=[InputTag("mlflow.data.context", stage)],
                         )
-                        for name, d in datasets.items()
+                        for name, d in out.datasets.items()
                     ],
                 )
             for path in files:
@@ -264,37 +548,29 @@ class Tracker:
                     self.client.log_artifacts(run_id, str(path), artifact_path=f"{stage}/{path.name}")
                 else:
                     self.client.log_artifact(run_id, str(path), artifact_path=stage)
-            if f"{stage_tag(stage)}.error" in data.tags:
-                self.client.delete_tag(run_id, f"{stage_tag(stage)}.error")
+            if TAG_STAGE_ERROR.format(stage=stage) in data.tags:
+                self.client.delete_tag(run_id, TAG_STAGE_ERROR.format(stage=stage))
             self.client.set_terminated(run_id, "FINISHED")
         except MlflowException as e:
             raise QevalError(f"could not log stage '{stage}' to MLflow: {e.message.splitlines()[0]}") from None
 
     def mark_failed(self, run_id: str, stage: str, error: str) -> None:
-        self.client.set_tag(run_id, stage_tag(stage), "failed")
-        self.client.set_tag(run_id, f"{stage_tag(stage)}.error", error[:_MAX_TAG])
+        self.client.set_tag(run_id, TAG_STAGE.format(stage=stage), "failed")
+        self.client.set_tag(run_id, TAG_STAGE_ERROR.format(stage=stage), error[:_MAX_TAG])
         self.client.set_terminated(run_id, "FAILED")
 
-    def tag_build(self, run_id: str, verdict: str, reasons: list[str], metrics: Mapping[str, float]) -> None:
-        """The gate's verdict on a build, its reasons one per line, and its headline figures (`gate/*`)."""
-        from mlflow.entities import Metric, RunTag
-
-        now = int(time.time() * 1000)
-        self.client.log_batch(
-            run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and math.isfinite(v)],
-            tags=[
-                RunTag(TAG_VERDICT, verdict),
-                RunTag(TAG_REASONS, "\n".join(reasons)[:_MAX_TAG]),
-                RunTag(TAG_CHOSEN, "false"),  # register_ship() marks the one that ships
-            ],
+    def log_verdicts(self, decision: Decision) -> None:
+        """The gate's verdict on every build (tags and `gate/*` metrics), the baseline's too."""
+        self._batch(
+            self.build_run(decision.policy.baseline), baseline_metrics(decision.baseline), tags=verdict_tags(None)
         )
+        for b in decision.builds:
+            self._batch(self.build_run(b.precision), verdict_metrics(b), tags=verdict_tags(b))
 
     def register_ship(self, run_id: str, source: str, why: str) -> dict[str, str]:
         """Register the chosen build as a version of `qeval-<model>` and point alias `ship` at it.
 
-        A build registered before from the same run and checkpoint keeps its version.
-        """
+        A build registered before from the same run and checkpoint keeps its version."""
         from mlflow.exceptions import MlflowException
 
         name = registered_model_name(self.model)
@@ -320,27 +596,19 @@ class Tracker:
         with suppress(MlflowException):  # no registered model or no alias yet
             self.client.delete_registered_model_alias(registered_model_name(self.model), SHIP_ALIAS)
 
-    def log_summary(self, params: Mapping[str, object], file: Path, artifact_path: str, **tags: str) -> str:
-        """Log the gate's policy (params), a result file and tags to the model's summary run."""
-        flat = {f"gate.{k}": json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in params.items()}
+    def log_decision(self, decision: Decision, file: Path) -> str:
+        """The policy (params), gate.json and the decision's tags on the model's summary run."""
+        params = decision_params(decision)
         run_id = self.summary_run()
         existing = self.client.get_run(run_id).data.params
-        if any(k in existing and existing[k] != v for k, v in flat.items()):
-            run_id = self.summary_run(new=True)  # params are immutable: a changed policy starts a new run
-        from mlflow.entities import Param, RunTag
-
-        self.client.log_batch(
-            run_id,
-            params=[Param(k, v) for k, v in flat.items() if k not in existing],
-            tags=[RunTag(f"qeval.{k}", v) for k, v in tags.items()],
-        )
-        self.client.log_artifact(run_id, str(file), artifact_path=artifact_path)
+        if any(k in existing and existing[k] != v for k, v in params.items()):
+            run_id, existing = self.summary_run(new=True), {}  # params are immutable: a changed policy, a new run
+        self._batch(run_id, params={k: v for k, v in params.items() if k not in existing}, tags=summary_tags(decision))
+        self.client.log_artifact(run_id, str(file), artifact_path="gate")
         self.client.set_terminated(run_id, "FINISHED")
         return run_id
 
-    def log_report(
-        self, figures: Mapping[str, object], tables: Mapping[str, Mapping[str, list]], files: Iterable[Path]
-    ):
+    def log_report(self, figures, tables, files) -> str:
         """Charts (matplotlib figures), tables and files of the report, on the model's summary run."""
         run_id = self.summary_run()
         for name, fig in figures.items():
@@ -351,3 +619,6 @@ class Tracker:
             self.client.log_artifact(run_id, str(path), artifact_path="report")
         self.client.set_terminated(run_id, "FINISHED")
         return run_id
+
+
+Tracker = MlflowTracker  # what the stages, the gate and the report log through (tests pass a stand-in)

@@ -1,1 +1,1 @@
-"""Building quantized checkpoints: the precision registry and, per precision, its llm-compressor recipe."""
+"""Building quantized checkpoints: the precision registry, llm-compressor recipes, calibration, proofs."""

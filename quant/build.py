@@ -14,8 +14,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from quant import calibration
-from quant.precisions import get_precision
-from quant.recipes import RecipeOptions, build_recipe
+from quant.calibration import CalibrationSpec
+from quant.precisions import build_recipe, get_precision
+from quant.recipes import RecipeOptions
 
 CHECKPOINT_DIR = "checkpoint"  # inside the stage folder
 
@@ -29,8 +30,8 @@ class QuantizeConfig(BaseModel):
     precision: str
     group_size: int = Field(128, gt=0)
     ignore: list[str] = Field(["lm_head"], description="modules left unquantized")
-    calibration: dict | None = Field(
-        None, description="CalibrationSpec fields (a local dataset as an absolute path); None if not needed"
+    calibration: CalibrationSpec | None = Field(
+        None, description="calibration text (a local dataset as an absolute path); None if not needed"
     )
     trust_remote_code: bool = False
     seed: int = 0
@@ -81,7 +82,7 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         cfg.base, dtype=torch.bfloat16, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
     )
     tokenizer = AutoTokenizer.from_pretrained(cfg.base, trust_remote_code=cfg.trust_remote_code)
-    if precision.group_size and (bad := misaligned_layers(model, cfg.group_size, cfg.ignore)):
+    if precision.grouped and (bad := misaligned_layers(model, cfg.group_size, cfg.ignore)):
         raise ValueError(
             f"{len(bad)} layer(s) have an input width not divisible by quantization.group_size={cfg.group_size}: "
             f"{', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}; set quantization.group_size to a divisor of "
@@ -92,7 +93,7 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
     if precision.needs_calibration:
         if cfg.calibration is None:
             raise ValueError(f"{cfg.precision} needs calibration data: add a 'calibration' section to the card")
-        spec = calibration.CalibrationSpec(**cfg.calibration)
+        spec = cfg.calibration
         texts = calibration.read_texts(spec)
         calib = calibration.prepare(spec, texts, lambda t: tokenizer.encode(t, add_special_tokens=False))
         from datasets import Dataset
@@ -108,7 +109,7 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         recipe=recipe,
         dataset=dataset,
         num_calibration_samples=len(calib.input_ids) if calib else 0,
-        max_seq_length=cfg.calibration["max_seq_length"] if calib else None,
+        max_seq_length=cfg.calibration.max_seq_length if calib else None,
         shuffle_calibration_samples=False,
     )
     checkpoint = out_dir / CHECKPOINT_DIR

@@ -1,13 +1,27 @@
-"""The precisions qeval knows: one registry, looked up by name with a suggestion for typos.
+"""The precisions qeval knows: one registry entry per precision holds everything about it.
 
-The llm-compressor recipe builders join each entry with the quantize stage; this table already says
-what each precision is, so that model cards can be validated against it.
+An entry says how the precision is built (its llm-compressor recipe, whether it needs calibration),
+what the saved checkpoint must declare (compressed-tensors format, weight bits), how many bytes a
+quantized weight takes for a group size, and how each GPU generation runs it. The quantize stage,
+the checkpoint proof, sizing and the GPU catalog all read it from here.
 """
 
 from __future__ import annotations
 
-import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
+
+from quant import recipes
+from quant.registry import lookup
+
+Execution = Literal["native", "weight-only", "emulated"]
+Capability = tuple[int, int]
+# NVIDIA compute capabilities: FP8 tensor cores from Ada and Hopper (8.9), INT8 tensor cores from Turing
+# (7.5); Marlin's mixed-precision kernels (low-bit weights upcast to 16 bits in the kernel) from Ampere (8.0).
+FP8_TENSOR_CORES: Capability = (8, 9)
+INT8_TENSOR_CORES: Capability = (7, 5)
+MARLIN: Capability = (8, 0)
 
 
 @dataclass(frozen=True)
@@ -15,14 +29,48 @@ class Precision:
     """One build flavour of a model."""
 
     name: str
-    description: str
+    summary: str
+    """What it is; `{group}` stands for the group size of grouped precisions."""
     weight_bits: int
     activation_bits: int
     needs_calibration: bool
+    recipe: Callable[[recipes.RecipeOptions], list] | None
+    """llm-compressor modifiers that build it (None: the unquantized baseline)."""
     checkpoint_format: str | None = None
     """compressed-tensors format the saved checkpoint must declare (None: not quantized)."""
-    group_size: int | None = None
-    """Weights share one scale per this many input channels (None: one per output channel)."""
+    grouped: bool = False
+    """Weights share one scale per group of input channels (else one per output channel)."""
+    zero_point: bool = False
+    """Asymmetric: a zero point per group besides the scale."""
+    compute: Literal["bf16", "fp8", "int8"] = "bf16"
+    """The matrix units its products use where it runs natively."""
+    native_from: Capability | None = (0, 0)
+    """Compute capability from which it runs natively on its own units (None: never, e.g. no 4-bit units)."""
+    weight_only_from: Capability | None = None
+    """Below native_from, from which capability it runs weight-only (weights upcast in the kernel)."""
+
+    def describe(self, group_size: int) -> str:
+        return self.summary.format(group=group_size)
+
+    def bytes_per_weight(self, group_size: int) -> float:
+        """Bytes a weight of a quantized linear layer takes, with its share of scales and zero points.
+
+        Per-channel scales (one 16-bit scale per output row) are negligible next to the row's weights.
+        """
+        per_group = (2 + (self.weight_bits / 8 if self.zero_point else 0)) / group_size if self.grouped else 0.0
+        return self.weight_bits / 8 + per_group
+
+    def execution(self, capability: Capability) -> Execution:
+        """How a GPU of this compute capability runs it: native, weight-only or emulated."""
+        if self.native_from is not None and capability >= self.native_from:
+            return "native"
+        if self.weight_only_from is not None and capability >= self.weight_only_from:
+            return "weight-only"
+        return "emulated"
+
+    def compute_units(self, capability: Capability) -> str:
+        """The units its matrix products use on that GPU (weight-only and emulated builds compute in 16 bits)."""
+        return self.compute if self.execution(capability) == "native" else "bf16"
 
 
 PRECISIONS: dict[str, Precision] = {
@@ -32,6 +80,7 @@ PRECISIONS: dict[str, Precision] = {
         weight_bits=16,
         activation_bits=16,
         needs_calibration=False,
+        recipe=None,
     ),
     "fp8": Precision(
         "fp8",
@@ -39,7 +88,11 @@ PRECISIONS: dict[str, Precision] = {
         weight_bits=8,
         activation_bits=8,
         needs_calibration=False,
+        recipe=recipes.fp8,
         checkpoint_format="float-quantized",
+        compute="fp8",
+        native_from=FP8_TENSOR_CORES,
+        weight_only_from=MARLIN,
     ),
     "int8": Precision(
         "int8",
@@ -47,39 +100,45 @@ PRECISIONS: dict[str, Precision] = {
         weight_bits=8,
         activation_bits=8,
         needs_calibration=True,
+        recipe=recipes.int8,
         checkpoint_format="int-quantized",
+        compute="int8",
+        native_from=INT8_TENSOR_CORES,
     ),
     "awq": Precision(
         "awq",
-        "AWQ 4-bit asymmetric weights, group 128, 16-bit activations",
+        "AWQ 4-bit asymmetric weights, group {group}, 16-bit activations",
         weight_bits=4,
         activation_bits=16,
         needs_calibration=True,
+        recipe=recipes.awq,
         checkpoint_format="pack-quantized",
-        group_size=128,
+        grouped=True,
+        zero_point=True,
+        native_from=None,
+        weight_only_from=MARLIN,
     ),
     "gptq": Precision(
         "gptq",
-        "GPTQ 4-bit symmetric weights, group 128, 16-bit activations",
+        "GPTQ 4-bit symmetric weights, group {group}, 16-bit activations",
         weight_bits=4,
         activation_bits=16,
         needs_calibration=True,
+        recipe=recipes.gptq,
         checkpoint_format="pack-quantized",
-        group_size=128,
+        grouped=True,
+        native_from=None,
+        weight_only_from=MARLIN,
     ),
 }
 
 
-def suggest(name: str, known: list[str]) -> str:
-    """' (did you mean 'x'?)' for a close match, else ''."""
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
 def get_precision(name: str) -> Precision:
     """The registry entry for `name`; a ValueError that lists the known names otherwise."""
-    try:
-        return PRECISIONS[name]
-    except KeyError:
-        known = list(PRECISIONS)
-        raise ValueError(f"unknown precision '{name}'{suggest(name, known)}; known: {', '.join(known)}") from None
+    return lookup(PRECISIONS, name, "precision")
+
+
+def build_recipe(precision: str, opts: recipes.RecipeOptions) -> list | None:
+    """The llm-compressor modifiers that build `precision`; None for the unquantized baseline."""
+    recipe = get_precision(precision).recipe
+    return recipe(opts) if recipe else None

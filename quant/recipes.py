@@ -1,15 +1,13 @@
-"""llm-compressor recipes, one builder per precision (the table in shared/DESIGN.md).
+"""llm-compressor recipes, one builder per quantized precision (quant/precisions.py names each one's).
 
 AutoAWQ and AutoGPTQ are archived upstream; their algorithms live on in llm-compressor (AWQ's
 transform adopted from AutoAWQ, GPTQModifier), whose compressed-tensors checkpoints vLLM serves.
+llm-compressor is imported inside the builders, so that reading the registry costs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from quant.precisions import get_precision
 
 
 @dataclass(frozen=True)
@@ -30,13 +28,13 @@ def _groups(preset: str, opts: RecipeOptions) -> dict:
     return {"group_0": scheme}
 
 
-def _fp8(opts: RecipeOptions) -> list:
+def fp8(opts: RecipeOptions) -> list:
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
     return [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=opts.ignore)]
 
 
-def _int8(opts: RecipeOptions) -> list:
+def int8(opts: RecipeOptions) -> list:
     from llmcompressor.modifiers.quantization import GPTQModifier
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
@@ -47,7 +45,7 @@ def _int8(opts: RecipeOptions) -> list:
     ]
 
 
-def _awq(opts: RecipeOptions) -> list:
+def awq(opts: RecipeOptions) -> list:
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform.awq import AWQModifier
 
@@ -57,23 +55,7 @@ def _awq(opts: RecipeOptions) -> list:
     ]
 
 
-def _gptq(opts: RecipeOptions) -> list:
+def gptq(opts: RecipeOptions) -> list:
     from llmcompressor.modifiers.quantization import GPTQModifier
 
     return [GPTQModifier(config_groups=_groups("W4A16", opts), ignore=opts.ignore)]
-
-
-RECIPES: dict[str, Callable[[RecipeOptions], list] | None] = {
-    "bf16": None,
-    "fp8": _fp8,
-    "int8": _int8,
-    "awq": _awq,
-    "gptq": _gptq,
-}
-
-
-def build_recipe(precision: str, opts: RecipeOptions) -> list | None:
-    """The llm-compressor modifiers that build `precision`; None for the unquantized baseline."""
-    get_precision(precision)
-    builder = RECIPES[precision]
-    return builder(opts) if builder else None

@@ -1,4 +1,10 @@
-"""Shared fixtures: every test writes its artifacts and MLflow store under its own temporary folder."""
+"""Shared fixtures: every test writes its artifacts and MLflow store under a temporary folder of its own.
+
+The small card `ref-small` (ref-lm with tiny calibration, a 6-document limit and a small grid) is
+quantized, evaluated and benchmarked once per session, in a folder the session fixtures alone write
+to. A test that runs more stages, the gate or the report on those builds takes `own_root`: a copy of
+that folder (checkpoints hard-linked) that nothing else reads.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from memory_tracker import MemoryTracker
 
 from pipelines.cards import load_card
 from pipelines.procs import free_port  # noqa: F401 - tests import it from here
-from pipelines.quantize import quantize
-from pipelines.tracking import Tracker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,6 +56,11 @@ def env_with(**extra: str) -> dict[str, str]:
     return env
 
 
+def root_env(root: Path) -> dict[str, str]:
+    """The environment of a `qeval` process working in `root`."""
+    return env_with(QEVAL_WORKDIR=str(root), QEVAL_CARDS_DIR=str(root / "cards"))
+
+
 SMALL = {
     "num_samples: 59": "num_samples: 4",
     "max_seq_length: 512": "max_seq_length: 64",
@@ -64,7 +74,7 @@ SMALL = {
 }
 
 
-def _small_env(mp: pytest.MonkeyPatch, root: Path) -> None:
+def _use_root(mp: pytest.MonkeyPatch, root: Path) -> None:
     mp.setenv("QEVAL_WORKDIR", str(root))
     mp.setenv("QEVAL_CARDS_DIR", str(root / "cards"))
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -72,10 +82,11 @@ def _small_env(mp: pytest.MonkeyPatch, root: Path) -> None:
 
 @pytest.fixture(scope="session")
 def small_root(tmp_path_factory) -> Path:
-    """A work folder with card `ref-small`: ref-lm with a tiny calibration set."""
+    """A work folder with card `ref-small`: ref-lm with a tiny calibration set, limit and grid."""
     root = tmp_path_factory.mktemp("small")
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: ref-small")
     for a, b in SMALL.items():
+        assert a in text, f"ref-lm.yaml no longer has {a!r}: update tests/conftest.py SMALL"
         text = text.replace(a, b)
     (root / "cards").mkdir()
     (root / "cards" / "ref-small.yaml").write_text(text)
@@ -84,30 +95,44 @@ def small_root(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def small_card(small_root, monkeypatch):
-    """The `ref-small` card, with QEVAL_WORKDIR and QEVAL_CARDS_DIR pointing at its folder."""
-    _small_env(monkeypatch, small_root)
+    """The `ref-small` card, with QEVAL_WORKDIR and QEVAL_CARDS_DIR pointing at the session's folder."""
+    _use_root(monkeypatch, small_root)
     return load_card("ref-small")
 
 
 @pytest.fixture(scope="session")
 def builds(small_root):
     """Every precision of `ref-small` quantized for real, once per test session."""
+    from pipelines.quantize import quantize
+
     with pytest.MonkeyPatch.context() as mp:
-        _small_env(mp, small_root)
+        _use_root(mp, small_root)
         card = load_card("ref-small")
-        tracker = Tracker(card.name)
+        tracker = MemoryTracker(card.name)
         return {p: quantize(card, p, tracker) for p in card.precisions}
 
 
-@pytest.fixture
-def measured_small(small_card, builds):
-    """Every build of `ref-small` evaluated and benchmarked (stages already done are skipped)."""
+@pytest.fixture(scope="session")
+def measured(small_root, builds):
+    """Every build of `ref-small` evaluated and benchmarked, once per test session."""
     from pipelines.bench import bench
     from pipelines.evaluate import evaluate
 
-    tracker = Tracker(small_card.name)
-    order = [small_card.gate.baseline, *(p for p in small_card.precisions if p != small_card.gate.baseline)]
-    for stage in (evaluate, bench):
-        for p in order:
-            stage(small_card, p, tracker)
-    return small_card
+    with pytest.MonkeyPatch.context() as mp:
+        _use_root(mp, small_root)
+        card = load_card("ref-small")
+        tracker = MemoryTracker(card.name)
+        order = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
+        return {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench)}
+
+
+@pytest.fixture
+def own_root(small_root, builds, measured, tmp_path, monkeypatch) -> Path:
+    """A private copy of the session's folder (checkpoints hard-linked, no MLflow store), made current."""
+    root = tmp_path / "own"
+    shutil.copytree(small_root / "cards", root / "cards")
+    shutil.copytree(
+        small_root / "artifacts", root / "artifacts", copy_function=os.link, ignore=shutil.ignore_patterns(".lock")
+    )
+    _use_root(monkeypatch, root)
+    return root

@@ -5,19 +5,19 @@ from __future__ import annotations
 import csv
 
 import pytest
+from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
 from pipelines.bench import bench
 from pipelines.errors import QevalError
-from pipelines.tracking import Tracker, tracking_uri
+from pipelines.tracking import MlflowTracker, tracking_uri
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def benched(small_card, builds):
-    tracker = Tracker(small_card.name)
-    return {p: bench(small_card, p, tracker) for p in ("bf16", "gptq")}
+def benched(measured):
+    return {p: measured["bench"][p] for p in ("bf16", "gptq")}
 
 
 def test_figures_are_consistent(benched):
@@ -31,27 +31,39 @@ def test_figures_are_consistent(benched):
             assert f["ttft_ms_p50"] <= f["ttft_ms_p90"] and f["e2e_ms_p50"] <= f["e2e_ms_p90"]
             assert 0 < f["mbu"] < 1
         assert float(rows[1]["peak_mem_bytes"]) >= float(rows[0]["peak_mem_bytes"])
-        s = record.summary
-        assert s["kv_bytes_per_token"] == 2 * 6 * 2 * 64 * 2  # layers x K,V x KV heads x head dim x bf16
-        assert s["kernels"] == ("native" if precision == "bf16" else "emulated (weights dequantized to bfloat16)")
-        assert s["bandwidth_gb_s"] > 0 and "measured" in s["bandwidth_source"]
+        e = record.result.engine
+        assert e.kernels == ("native" if precision == "bf16" else "emulated (weights dequantized to bfloat16)")
+        assert e.bandwidth_gb_s > 0 and "measured" in e.bandwidth_source
+        assert [p.batch for p in record.result.main_points()] == [1, 2]
 
 
-def test_mlflow_gets_speed_against_batch(benched):
+def test_mlflow_gets_speed_against_batch(own_root):
+    from pipelines.cards import load_card
+
+    card = load_card("ref-small")
+    tracker = MlflowTracker(card.name)
+    records = {p: bench(card, p, tracker) for p in ("bf16", "gptq")}  # done: logged to the fresh store
+    assert {r.status for r in records.values()} == {"skipped"}
     client = MlflowClient(tracking_uri())
-    history = client.get_metric_history(benched["bf16"].run_id, "engine/decode_tps")
+    history = client.get_metric_history(records["bf16"].run_id, "engine/decode_tps")
     assert sorted(m.step for m in history) == [1, 2]
-    run = client.get_run(benched["gptq"].run_id)
+    assert {m.value for m in history} == {p.decode_tps_per_user for p in records["bf16"].result.main_points()}
+    run = client.get_run(records["gptq"].run_id)
     assert run.data.params["engine.kernels"].startswith("emulated")
     assert run.data.params["engine.input_len"] == "32" and "mem/weights_gb" in run.data.metrics
-    assert "bench/grid.csv" in {a.path for a in client.list_artifacts(benched["gptq"].run_id, "bench")}
+    assert run.data.params["engine.repeats"] == "3" and run.data.params["engine.seed"] == "0"
+    assert "bench/grid.csv" in {a.path for a in client.list_artifacts(records["gptq"].run_id, "bench")}
 
 
 def test_speedup_is_checked_against_the_resident_bytes(benched):
-    s, base = benched["gptq"].summary, benched["bf16"].summary
-    assert s["byte_ratio_vs_baseline"] == pytest.approx(base["weight_bytes"] / s["weight_bytes"])
-    assert s["byte_ratio_vs_baseline"] > 1.5  # compressed-tensors keeps the 4-bit weights packed in memory
-    assert s["speedup_suspect"] == (s["speedup_vs_baseline"] > 1.15 * s["byte_ratio_vs_baseline"])
+    up, base = benched["gptq"].result.speedup, benched["bf16"].result
+    assert benched["bf16"].result.speedup is None
+    assert up.byte_ratio_vs_baseline == pytest.approx(
+        base.engine.weight_bytes / benched["gptq"].result.engine.weight_bytes
+    )
+    assert up.byte_ratio_vs_baseline > 1.5  # compressed-tensors keeps the 4-bit weights packed in memory
+    assert up.speedup_suspect == (up.speedup_vs_baseline > 1.15 * up.byte_ratio_vs_baseline)
+    assert up.same_engine_as_baseline  # both eager with a dynamic cache on a CPU
 
 
 def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
@@ -86,7 +98,7 @@ def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
 def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_card, builds, tmp_path):
     """The GPU path (static cache, decode compiled by torch.compile) on CPU, where it is opt-in."""
     from eval.engine import EngineConfig, bench_engine
-    from pipelines.quantize import checkpoint_for
+    from pipelines.results import checkpoint_for
 
     results = {}
     for precision in ("bf16", "gptq"):
@@ -110,23 +122,26 @@ def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_car
         assert p.status == "ok" and p.repeats == 2 and 0 < p.ttft_ms_p50 < p.e2e_ms_p50 and 0 < p.mbu < 1
 
 
-def test_no_weights_from_the_card_is_labelled_as_such(small_card):
-    record = bench(small_card, "bf16", Tracker(small_card.name), no_weights=True)
-    assert record.summary["no_weights"] is True and record.summary["chars_per_token"] is None
-    params = MlflowClient(tracking_uri()).get_run(record.run_id).data.params
-    assert params["engine.weights"] == "random (no_weights)"
+def test_no_weights_from_the_card_is_labelled_as_such(small_root, workdir, monkeypatch):
+    from pipelines.cards import load_card
+
+    monkeypatch.setenv("QEVAL_CARDS_DIR", str(small_root / "cards"))  # the small card, an empty work folder
+    card = load_card("ref-small")
+    tracker = MemoryTracker(card.name)
+    record = bench(card, "bf16", tracker, no_weights=True)
+    assert record.result.engine.no_weights is True and record.result.engine.chars_per_token is None
+    assert tracker.run("bf16").params["engine.weights"] == "random (no_weights)"
     with pytest.raises(QevalError, match="--no-weights measures the bf16 baseline only"):
-        bench(small_card, "gptq", Tracker(small_card.name), no_weights=True)
-    bench(small_card, "bf16", Tracker(small_card.name))  # the checkpoint's figures back, for the gate's tests
+        bench(card, "gptq", tracker, no_weights=True)
 
 
 def test_shipped_architecture_of_a_real_card_matches_published_kv_size():
     from transformers import AutoConfig
 
-    from eval.speed import kv_bytes_per_token
+    from eval.sizing import Shape
     from pipelines.cards import load_card
     from pipelines.paths import resolve_repo_path
 
     card = load_card("llama-3.1-8b-instruct")
     c = AutoConfig.from_pretrained(resolve_repo_path(card.source.config))
-    assert kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 2) == 128 * 1024
+    assert Shape.from_config(c.to_dict()).kv_bytes_per_token() == 128 * 1024  # Llama 3 8B, bf16: 128 KiB

@@ -12,11 +12,12 @@ import shutil
 import pytest
 
 from conftest import REPO
+from pipelines.cards import load_card
 from pipelines.gate import gate
-from pipelines.paths import artifacts_dir
 from pipelines.procs import running
 from pipelines.report import report
-from pipelines.tracking import Tracker, ui_command
+from pipelines.results import gate_file
+from pipelines.tracking import MlflowTracker, ui_command
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +36,21 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture
-def mlflow_server(measured_small):
+def mlflow_server(own_root):
     """A real `mlflow server` on loopback over the small card's store, after the gate and the report."""
-    tracker = Tracker(measured_small.name)
-    decision = gate(measured_small, tracker)
-    report(measured_small, decision, tracker)
+    from pipelines.bench import bench
+    from pipelines.evaluate import evaluate
+    from pipelines.quantize import quantize
+
+    card = load_card("ref-small")
+    tracker = MlflowTracker(card.name)
+    for stage in (quantize, evaluate, bench):  # finished: logged to the fresh store
+        for precision in card.precisions:
+            stage(card, precision, tracker)
+    report(card, gate(card, tracker), tracker)
     SHOTS.mkdir(exist_ok=True)
     with running(ui_command("127.0.0.1", "{port}"), SHOTS_LOG, 120, "mlflow server") as url:
-        yield url, tracker.experiment_id, measured_small
+        yield url, tracker.experiment_id, card
 
 
 def _pick_columns(page, names: list[str], hide: list[str]) -> None:
@@ -62,7 +70,7 @@ def test_the_experiment_shows_one_run_per_precision_with_recovery_speed_and_verd
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is missing: run scripts/install-chromium.sh (make test does)"
     url, experiment_id, card = mlflow_server
-    decision = json.loads((artifacts_dir() / card.name / "gate.json").read_text())
+    decision = json.loads(gate_file(card.name).read_text())
     expected = {b["precision"]: b for b in decision["builds"]}
 
     with sync_playwright() as p:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, env_with, last_json_line
 
 
@@ -96,6 +98,7 @@ def test_precision_not_in_the_card_is_exit_2(workdir, cards):
     assert proc.stderr.strip() == "qeval: error: model 'only-bf16' does not build 'fp8'; its card lists: bf16"
 
 
+@pytest.mark.slow  # starts lm-eval
 def test_unknown_task_fails_the_stage_with_a_suggestion(workdir, cards):
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: typo")
     path = cards("typo", text.replace("tasks: [refkjv_ppl,", "tasks: [refkjv_pppl,"))
@@ -108,6 +111,7 @@ def test_unknown_task_fails_the_stage_with_a_suggestion(workdir, cards):
     assert (workdir / "artifacts/typo/bf16/evaluate.failed/lm_eval.log").is_file()
 
 
+@pytest.mark.slow  # starts lm-eval
 def test_hub_task_while_offline_says_how_to_supply_it(workdir, cards):
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: hubtask")
     path = cards("hubtask", text.replace("tasks: [refkjv_ppl,", "tasks: [arc_easy, refkjv_ppl,"))

@@ -13,8 +13,10 @@ def test_recovery_is_one_when_as_good_either_way():
     assert recovery(0.0, 0.0, True) == 1.0 and recovery(1.0, 0.0, True) == math.inf
 
 
-def test_recoveries_pair_tasks_and_skip_stderr_and_text():
-    build = {"t": {"acc,none": 0.4, "acc_stderr,none": 0.01, "bpb,none": 2.2, "alias": "t"}, "u": {"acc,none": 1}}
-    base = {"t": {"acc,none": 0.5, "acc_stderr,none": 0.01, "bpb,none": 2.0, "alias": "t"}}
+def test_recoveries_pair_the_metrics_both_tables_have():
+    build = {"t": {"acc": 0.4, "bpb": 2.2, "exact_match/strict-match": 0.3}, "u": {"acc": 1.0}}
+    base = {"t": {"acc": 0.5, "bpb": 2.0, "exact_match/strict-match": 0.0}}
     hib = {"t": {"acc": True, "bpb": False}}
-    assert recoveries(build, base, hib) == {"t": {"acc,none": pytest.approx(0.8), "bpb,none": pytest.approx(2.0 / 2.2)}}
+    assert recoveries(build, base, hib) == {
+        "t": {"acc": pytest.approx(0.8), "bpb": pytest.approx(2.0 / 2.2), "exact_match/strict-match": math.inf}
+    }

@@ -1,4 +1,4 @@
-"""Real lm-eval runs on the reference model's local tasks, logged to a real MLflow store."""
+"""Real lm-eval runs on the reference model's local tasks, read back and logged to a real MLflow store."""
 
 from __future__ import annotations
 
@@ -7,76 +7,96 @@ import json
 import math
 
 import pytest
+from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO
+from eval import accuracy
 from eval.compare import recovery
+from pipelines.cards import load_card
 from pipelines.errors import QevalError
 from pipelines.evaluate import evaluate
-from pipelines.tracking import Tracker, tracking_uri
+from pipelines.tracking import MlflowTracker, tracking_uri
 
 pytestmark = pytest.mark.slow
 TASKS = ("refkjv_ppl", "refkjv_next_verse", "refkjv_last_word")
 
 
 @pytest.fixture
-def evaluated(small_card, builds):
+def evaluated(measured):
     """bf16 and fp8 of ref-small evaluated on 6 documents per task."""
-    tracker = Tracker(small_card.name)
-    return {p: evaluate(small_card, p, tracker, limit=6) for p in ("bf16", "fp8")}
+    return {p: measured["evaluate"][p] for p in ("bf16", "fp8")}
 
 
 def _raw(record) -> dict:
     return json.loads((record.path / "lm_eval_results.json").read_text())
 
 
-def test_logged_metrics_equal_lm_evals_own_results(evaluated):
-    client = MlflowClient(tracking_uri())
-    for precision, record in evaluated.items():
-        raw = _raw(record)
-        run = client.get_run(record.run_id)
-        assert run.info.run_name == f"ref-small@{precision}" and run.data.tags["qeval.stage.evaluate"] == "done"
+def test_scores_are_lm_evals_own_results(evaluated):
+    for record in evaluated.values():
+        raw, result = _raw(record), record.result.accuracy
         for task in TASKS:
-            for key, value in raw["results"][task].items():
-                if "," in key and isinstance(value, float):
-                    name = f"eval/{task}/{key.split(',')[0]}"
-                    assert run.data.metrics[name] == pytest.approx(value, rel=1e-12), name
-        assert record.summary["n_samples"] == dict.fromkeys(TASKS, 6)
-        assert run.data.params["eval.limit"] == "6"
-        for task in TASKS:
+            reported = {k: v for k, v in raw["results"][task].items() if "," in k and isinstance(v, float)}
+            ours = {f"{m.name},{m.filter}": m.value for m in result.scores[task]}
+            ours |= {f"{m.name}_stderr,{m.filter}": m.stderr for m in result.scores[task] if m.stderr is not None}
+            assert ours == reported
             lines = (record.path / f"samples_{task}.jsonl").read_text().splitlines()
             assert len(lines) == 6 and "doc_id" in json.loads(lines[0])
-    bpb = evaluated["bf16"].metrics["eval/refkjv_ppl/bits_per_byte"]
-    assert math.log2(evaluated["bf16"].metrics["eval/refkjv_ppl/byte_perplexity"]) == pytest.approx(bpb, rel=1e-6)
+        assert result.n_samples == dict.fromkeys(TASKS, 6) and record.result.config.limit == 6
+    bpb = {m.name: m.value for m in evaluated["bf16"].result.accuracy.scores["refkjv_ppl"]}
+    assert math.log2(bpb["byte_perplexity"]) == pytest.approx(bpb["bits_per_byte"], rel=1e-6)
+    assert not next(m for m in evaluated["bf16"].result.accuracy.scores["refkjv_ppl"]).higher_is_better
+
+
+def test_documents_are_read_back_per_metric(evaluated):
+    record = evaluated["bf16"]
+    folder, result = record.path, record.result.accuracy
+    names = {m.name for m in accuracy.document_metrics(folder, result, "refkjv_next_verse")}
+    assert {"acc", "acc_norm"} <= names
+    acc = next(m for m in result.scores["refkjv_next_verse"] if m.name == "acc")
+    docs = accuracy.documents(folder, result, "refkjv_next_verse", acc)
+    assert len(docs) == 6 and sum(docs.values()) / 6 == pytest.approx(acc.value)
+    bpb = next(m for m in result.scores["refkjv_ppl"] if m.name == "bits_per_byte")
+    pairs = accuracy.documents(folder, result, "refkjv_ppl", bpb)  # per chapter: (log-likelihood, bytes)
+    total_ll, total_bytes = (sum(v[i] for v in pairs.values()) for i in (0, 1))
+    assert -total_ll / total_bytes / math.log(2) == pytest.approx(bpb.value, rel=1e-9)
 
 
 def test_recovery_is_against_the_baseline_and_inverted_for_perplexity(evaluated):
     base, fp8 = (_raw(evaluated[p])["results"] for p in ("bf16", "fp8"))
-    m = evaluated["fp8"].metrics
-    assert m["recovery/refkjv_ppl/bits_per_byte"] == pytest.approx(
+    got = evaluated["fp8"].result.recovery
+    assert got["refkjv_ppl"]["bits_per_byte"] == pytest.approx(
         base["refkjv_ppl"]["bits_per_byte,none"] / fp8["refkjv_ppl"]["bits_per_byte,none"]
     )
-    assert m["recovery/refkjv_last_word/acc"] == pytest.approx(
+    assert got["refkjv_last_word"]["acc"] == pytest.approx(
         recovery(fp8["refkjv_last_word"]["acc,none"], base["refkjv_last_word"]["acc,none"], True)
     )
-    assert not any(k.startswith("recovery/") for k in evaluated["bf16"].metrics)
-    assert not any(k.startswith("recovery/") and "stderr" in k for k in m)
+    assert evaluated["bf16"].result.recovery is None
 
 
-def test_task_data_is_logged_as_run_inputs_with_digests(evaluated):
-    run = MlflowClient(tracking_uri()).get_run(evaluated["bf16"].run_id)
+def test_logged_to_mlflow_with_task_data_as_run_inputs(own_root):
+    card = load_card("ref-small")
+    record = evaluate(card, "fp8", MlflowTracker(card.name))  # finished: logged to the fresh store
+    assert record.status == "skipped"
+    run = MlflowClient(tracking_uri()).get_run(record.run_id)
+    assert run.info.run_name == "ref-small@fp8" and run.data.tags["qeval.stage.evaluate"] == "done"
+    for task, scores in record.result.accuracy.scores.items():
+        for m in scores:
+            assert run.data.metrics[f"eval/{task}/{m.id}"] == m.value
+    assert run.data.metrics["recovery/refkjv_last_word/acc"] == record.result.recovery["refkjv_last_word"]["acc"]
+    assert run.data.params["eval.limit"] == "6" and run.data.params["eval.softmax_dtype"] == "float32"
     inputs = {d.dataset.name: json.loads(d.dataset.source) for d in run.inputs.dataset_inputs}
     assert set(inputs) == set(TASKS)
     data = REPO / "eval/tasks/refkjv/last_word.jsonl"
     assert inputs["refkjv_last_word"]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
-    assert evaluated["bf16"].summary["chance"]["refkjv_last_word"] == 0.25
+    assert record.result.accuracy.chance["refkjv_last_word"] == 0.25
 
 
 def test_a_build_evaluated_unlike_its_baseline_is_refused(small_card, evaluated):
     with pytest.raises(QevalError, match="baseline was evaluated with other settings"):
-        evaluate(small_card, "fp8", Tracker(small_card.name), limit=5)
+        evaluate(small_card, "fp8", MemoryTracker(small_card.name), limit=5)
 
 
 def test_second_evaluation_is_skipped(small_card, evaluated):
-    again = evaluate(small_card, "fp8", Tracker(small_card.name), limit=6)
-    assert again.status == "skipped" and again.metrics == evaluated["fp8"].metrics
+    again = evaluate(small_card, "fp8", MemoryTracker(small_card.name), limit=6)
+    assert again.status == "skipped" and again.result == evaluated["fp8"].result

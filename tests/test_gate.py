@@ -8,27 +8,19 @@ import sys
 
 import pytest
 
-from conftest import REPO, env_with, last_json_line
+from conftest import REPO, env_with, last_json_line, root_env
+from eval.accuracy import leaves
 from eval.stats import compare
 from pipelines.cards import Gate
-from pipelines.gate import (
-    FAIL,
-    INCONCLUSIVE,
-    NOT_GATED,
-    PASS,
-    BuildVerdict,
-    choose,
-    combine,
-    memory_rule,
-    speed_rule,
-    task_rule,
-)
-from pipelines.gate_inputs import Measured, leaves, task_threshold
+from pipelines.gate import choose, combine, memory_rule, speed_rule, task_rule
+from pipelines.gate_inputs import task_threshold
 from pipelines.report import pareto
+from pipelines.results import FAIL, INCONCLUSIVE, NOT_GATED, PASS, BuildVerdict, Measured
 
 
 def _build(name: str, verdict: str, tps: float, weights: float) -> BuildVerdict:
-    return BuildVerdict(name, verdict, [], {}, Measured(tps, weights + 1, weights, "native"), None)
+    speed = Measured(tps, weights + 1, weights, "native")
+    return BuildVerdict(precision=name, verdict=verdict, rules=[], tasks={}, speed=speed, speedup=None)
 
 
 def test_a_build_passes_only_when_every_rule_passes():
@@ -132,59 +124,82 @@ def test_pareto_frontier():
 # ---- for real, on the small builds ---------------------------------------------------------------
 
 
-def _gate_cli(small_root, *args: str) -> subprocess.CompletedProcess:
-    env = env_with(QEVAL_WORKDIR=str(small_root), QEVAL_CARDS_DIR=str(small_root / "cards"))
+def _gate_cli(root, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pipelines", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=REPO, env=root_env(root), capture_output=True, text=True, timeout=300)
 
 
-def _with_policy(small_root, **policy) -> None:
+def _with_policy(root, **policy) -> None:
     """Rewrite the small card's gate section (the same card name keeps the same artifacts)."""
-    path = small_root / "cards" / "ref-small.yaml"
+    path = root / "cards" / "ref-small.yaml"
     text = path.read_text()
     head = text[: text.index("gate:")]
     path.write_text(head + "gate:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in policy.items()))
 
 
 @pytest.mark.slow
-def test_gate_ships_a_build_and_registers_it(small_root, measured_small):
+def test_gate_ships_a_build_and_registers_it(own_root):
     from mlflow.tracking import MlflowClient
 
-    original = (small_root / "cards" / "ref-small.yaml").read_text()
-    try:
-        # a lenient policy: every quantized build of the same model passes on a handful of documents
-        _with_policy(small_root, baseline="bf16", min_recovery=0.5, min_speedup=None, prefer="memory")
-        done = _gate_cli(small_root, "gate", "--model", "ref-small", "--json")
-        assert done.returncode == 0, done.stderr[-2000:]
-        decision = last_json_line(done.stdout)["gate"]
-        verdicts = {b["precision"]: b["verdict"] for b in decision["builds"]}
-        assert set(verdicts) == {"fp8", "int8", "awq", "gptq"}
-        assert decision["chosen"] in {p for p, v in verdicts.items() if v == PASS}
-        assert decision["chosen"] in {"awq", "gptq"}  # 4-bit builds are the smallest
-        on_disk = json.loads((small_root / "artifacts/ref-small/gate.json").read_text())
-        assert on_disk["chosen"] == decision["chosen"]
+    # a lenient policy: every quantized build of the same model passes on a handful of documents
+    _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, prefer="memory", bootstrap_seed=7)
+    done = _gate_cli(own_root, "gate", "--model", "ref-small", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    decision = last_json_line(done.stdout)["gate"]
+    verdicts = {b["precision"]: b["verdict"] for b in decision["builds"]}
+    assert set(verdicts) == {"fp8", "int8", "awq", "gptq"}
+    assert decision["chosen"] in {p for p, v in verdicts.items() if v == PASS}
+    assert decision["chosen"] in {"awq", "gptq"}  # 4-bit builds are the smallest
+    assert decision["policy"]["bootstrap_seed"] == 7 and decision["policy"]["bootstrap_resamples"] == 2000
+    assert decision["code"]["commit"]
+    on_disk = json.loads((own_root / "artifacts/ref-small/gate.json").read_text())
+    assert on_disk["chosen"] == decision["chosen"] and on_disk["decided"] == decision["decided"]
 
-        client = MlflowClient(f"sqlite:///{small_root / 'mlruns/mlflow.db'}")
-        version = client.get_model_version_by_alias("qeval-ref-small", "ship")
-        run = client.get_run(version.run_id)
-        assert run.data.tags["qeval.precision"] == decision["chosen"]
-        assert run.data.tags["qeval.gate.verdict"] == PASS
-        assert "refkjv_ppl: bits_per_byte recovery" in run.data.tags["qeval.gate.reasons"]
+    client = MlflowClient(f"sqlite:///{own_root / 'mlruns/mlflow.db'}")
+    version = client.get_model_version_by_alias("qeval-ref-small", "ship")
+    run = client.get_run(version.run_id)
+    assert run.data.tags["qeval.precision"] == decision["chosen"]
+    assert run.data.tags["qeval.gate.verdict"] == PASS
+    assert "refkjv_ppl: bits_per_byte recovery" in run.data.tags["qeval.gate.reasons"]
 
-        # a strict speed rule no emulated build can meet: nothing ships, exit 1, the alias is gone
-        _with_policy(small_root, baseline="bf16", min_recovery=0.5, min_speedup=50)
-        strict = _gate_cli(small_root, "gate", "--model", "ref-small", "--json")
-        assert strict.returncode == 1, strict.stderr[-2000:]
-        assert "nothing ships" in strict.stderr
-        builds = last_json_line(strict.stdout)["gate"]["builds"]
-        assert PASS not in {b["verdict"] for b in builds}
-        # each build fails the speed rule, or its speed-up is beyond what its bytes allow (suspect, INCONCLUSIVE)
-        assert all(any("vs min 50x" in r or "suspect" in r for r in b["reasons"]) for b in builds)
-        assert json.loads((small_root / "artifacts/ref-small/gate.json").read_text())["chosen"] is None
-        with pytest.raises(Exception, match="ship"):
-            client.get_model_version_by_alias("qeval-ref-small", "ship")
-    finally:
-        (small_root / "cards" / "ref-small.yaml").write_text(original)
+    # the report draws the decision the gate made, not one of its own
+    shown = _gate_cli(own_root, "report", "--model", "ref-small")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    md = (own_root / "reports/ref-small/report.md").read_text()
+    assert f"**Decision:** {decision['chosen']} " in md and decision["decided"] in md
+
+    # a strict speed rule no emulated build can meet: nothing ships, exit 1, the alias is gone
+    _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=50)
+    strict = _gate_cli(own_root, "gate", "--model", "ref-small", "--json")
+    assert strict.returncode == 1, strict.stderr[-2000:]
+    assert "nothing ships" in strict.stderr
+    builds = last_json_line(strict.stdout)["gate"]["builds"]
+    assert PASS not in {b["verdict"] for b in builds}
+    # each build fails the speed rule, or its speed-up is beyond what its bytes allow (suspect, INCONCLUSIVE)
+    assert all(any("vs min 50x" in r["reason"] or "suspect" in r["reason"] for r in b["rules"]) for b in builds)
+    assert json.loads((own_root / "artifacts/ref-small/gate.json").read_text())["chosen"] is None
+    with pytest.raises(Exception, match="ship"):
+        client.get_model_version_by_alias("qeval-ref-small", "ship")
+
+
+@pytest.mark.slow
+def test_a_fit_rule_reads_the_size_stage(own_root):
+    from memory_tracker import MemoryTracker
+
+    from pipelines.cards import load_card
+    from pipelines.errors import QevalError
+    from pipelines.gate import decide
+    from pipelines.size import size
+
+    _with_policy(own_root, min_recovery=0.5, min_speedup=None, must_fit=["a10g"])
+    card = load_card("ref-small")
+    with pytest.raises(QevalError, match=r"no finished size stage; run: qeval size --log --model ref-small"):
+        decide(card)
+    for p in card.precisions:
+        size(card, p, MemoryTracker(card.name))
+    decision = decide(card)
+    fit = [r for b in decision.builds for r in b.rules if r.name == "fit"]
+    assert len(fit) == 4 and all(r.verdict == PASS and "a10g" in r.reason for r in fit)
 
 
 def test_gate_without_measurements_is_a_one_line_error(tmp_path):
@@ -193,4 +208,12 @@ def test_gate_without_measurements_is_a_one_line_error(tmp_path):
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
-    assert "no finished evaluate stage" in done.stderr and "qeval evaluate --model ref-lm" in done.stderr
+    assert "no finished bench stage" in done.stderr and "qeval bench --model ref-lm" in done.stderr
+
+
+def test_report_without_a_decision_says_to_run_the_gate(tmp_path):
+    env = env_with(QEVAL_WORKDIR=str(tmp_path))
+    cmd = [sys.executable, "-m", "pipelines", "report", "--model", "ref-lm"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert "no gate decision" in done.stderr and "qeval gate --model ref-lm" in done.stderr

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, env_with, last_json_line
+from conftest import REPO, last_json_line, root_env
 
 pytestmark = pytest.mark.slow
 
 
-def test_run_does_every_stage_then_skips_them(small_root, builds):
-    env = env_with(QEVAL_WORKDIR=str(small_root), QEVAL_CARDS_DIR=str(small_root / "cards"))
+def test_run_does_every_stage_then_skips_them(own_root):
+    env = root_env(own_root)
     cmd = [sys.executable, "-m", "pipelines", "run", "--model", "ref-small", "--json"]
     first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode in (0, 1), first.stderr[-2000:]
@@ -36,7 +36,10 @@ def test_run_does_every_stage_then_skips_them(small_root, builds):
     assert [(s["stage"], s["precision"]) for s in stages] == [
         (stage, p) for stage in ("quantize", "evaluate", "bench", "serve", "size") for p in precisions
     ]
-    assert {s["status"] for s in stages if s["stage"] == "quantize"} == {"skipped"}  # built by the fixture
+    assert {s["status"] for s in stages if s["stage"] in ("quantize", "evaluate", "bench")} == {"skipped"}  # fixtures
+    assert {s["status"] for s in stages if s["stage"] in ("serve", "size")} == {"done"}
+    size = next(s for s in stages if s["stage"] == "size" and s["precision"] == "awq")["result"]
+    assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
     t0 = time.perf_counter()
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == first.returncode and time.perf_counter() - t0 < 60

@@ -7,16 +7,18 @@ import subprocess
 
 import pytest
 import torch
+from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
+from pipelines.cards import load_card
 from pipelines.errors import QevalError
 from pipelines.quantize import quantize
-from pipelines.stages import read_manifest
-from pipelines.tracking import Tracker, tracking_uri
+from pipelines.results import Quantized, finished
+from pipelines.tracking import MlflowTracker, tracking_uri
 from quant.build import misaligned_layers
 from quant.calibration import MIN_TOKENS, CalibrationSpec, prepare
-from quant.precisions import PRECISIONS
-from quant.recipes import RecipeOptions, build_recipe
+from quant.precisions import PRECISIONS, build_recipe
+from quant.recipes import RecipeOptions
 from quant.verify import check_quantization_config, compare_logits
 
 
@@ -97,51 +99,72 @@ def test_awq_cpu_workaround_is_still_needed_and_works():
 
 
 @pytest.mark.slow
-def test_every_precision_builds_a_real_quantized_checkpoint(small_card, builds):
-    base_bytes = builds["bf16"].summary["checkpoint_bytes"]
-    client = MlflowClient(tracking_uri())
+def test_every_precision_builds_a_real_quantized_checkpoint(builds):
+    base_bytes = builds["bf16"].result.checkpoint_bytes
     for name, record in builds.items():
-        run = client.get_run(record.run_id)
-        assert run.info.run_name == f"ref-small@{name}" and run.data.tags["qeval.stage.quantize"] == "done"
+        q = record.result
         if name == "bf16":
+            assert q.proof is None and q.source == "refmodel/ref-lm"
             continue
         want = PRECISIONS[name]
         config = json.loads((record.path / "checkpoint" / "config.json").read_text())
         assert check_quantization_config(config, name) == (want.checkpoint_format, want.weight_bits)
-        assert (record.path / "recipe.yaml").is_file()
-        ratio = record.summary["checkpoint_bytes"] / base_bytes
+        assert (q.proof.format, q.proof.weight_bits) == (want.checkpoint_format, want.weight_bits)
+        assert (record.path / "recipe.yaml").is_file() and q.checkpoint == str(record.path / "checkpoint")
+        ratio = q.checkpoint_bytes / base_bytes
         # embeddings and lm_head stay 16-bit, so the ratio is above the bits ratio
         assert ratio < (0.75 if want.weight_bits == 8 else 0.6), (name, ratio)
-        assert 0 < record.metrics["quant/kl_vs_baseline"] < 1.0
-        assert 0.5 < record.metrics["quant/top1_agreement"] < 1.0 or name in ("fp8", "int8")
-        assert run.data.metrics["quant/kl_vs_baseline"] == record.metrics["quant/kl_vs_baseline"]
-        assert run.data.params["quant.format"] == want.checkpoint_format
+        assert 0 < q.proof.kl_vs_baseline < 1.0
+        assert 0.5 < q.proof.top1_agreement < 1.0 or name in ("fp8", "int8")
         if want.needs_calibration:
+            assert q.build.calibration_samples == 4
+    kl = {p: builds[p].result.proof.kl_vs_baseline for p in builds if p != "bf16"}
+    assert max(kl["fp8"], kl["int8"]) < min(kl["awq"], kl["gptq"]), kl  # 8 bits stay closer than 4
+    assert builds["awq"].result.build.awq_cpu_workaround is not torch.accelerator.is_available()
+
+
+@pytest.mark.slow
+def test_builds_are_logged_to_mlflow(own_root, builds):
+    card = load_card("ref-small")
+    tracker = MlflowTracker(card.name)
+    client = MlflowClient(tracking_uri())
+    for name in card.precisions:
+        record = quantize(card, name, tracker)  # finished: logged to the fresh store
+        assert record.status == "skipped"
+        run = client.get_run(record.run_id)
+        assert run.info.run_name == f"ref-small@{name}" and run.data.tags["qeval.stage.quantize"] == "done"
+        assert run.data.metrics["size/checkpoint_gb"] == builds[name].result.checkpoint_bytes / 1e9
+        if name == "bf16":
+            continue
+        assert run.data.metrics["quant/kl_vs_baseline"] == builds[name].result.proof.kl_vs_baseline
+        assert run.data.params["quant.format"] == PRECISIONS[name].checkpoint_format
+        if PRECISIONS[name].needs_calibration:
             assert run.data.params["quant.calibration_samples"] == "4"
         artifacts = {a.path for a in client.list_artifacts(record.run_id, "quantize")}
         assert "quantize/recipe.yaml" in artifacts and "quantize/checkpoint" not in artifacts
-    kl = {p: builds[p].metrics["quant/kl_vs_baseline"] for p in builds if p != "bf16"}
-    assert max(kl["fp8"], kl["int8"]) < min(kl["awq"], kl["gptq"]), kl  # 8 bits stay closer than 4
-    assert builds["awq"].summary["awq_cpu_workaround"] is not torch.accelerator.is_available()
 
 
 @pytest.mark.slow
 def test_second_run_is_skipped(small_card, builds):
-    again = quantize(small_card, "gptq", Tracker(small_card.name))
-    assert again.status == "skipped" and again.metrics == builds["gptq"].metrics
+    again = quantize(small_card, "gptq", MemoryTracker(small_card.name))
+    assert again.status == "skipped" and again.result == builds["gptq"].result
 
 
 @pytest.mark.slow
-def test_group_size_that_does_not_divide_the_widths_is_refused(small_card):
-    card = small_card.model_copy(update={"quantization": small_card.quantization.model_copy(update={"group_size": 96})})
+def test_group_size_that_does_not_divide_the_widths_is_refused(own_root):
+    small = load_card("ref-small")
+    card = small.model_copy(update={"quantization": small.quantization.model_copy(update={"group_size": 96})})
     with pytest.raises(QevalError, match=r"input width not divisible by quantization.group_size=96: model\.layers"):
-        quantize(card, "gptq", Tracker(card.name), force=True)
+        quantize(card, "gptq", MemoryTracker(card.name), force=True)
 
 
 @pytest.mark.slow
-def test_too_small_calibration_set_is_refused(small_card):
+def test_too_small_calibration_set_is_refused(own_root):
+    card = load_card("ref-small")
     with pytest.raises(QevalError, match=r"has 59 usable samples .*calibration.num_samples asks for 500"):
-        quantize(small_card, "gptq", Tracker(small_card.name), num_samples=500)
+        quantize(card, "gptq", MemoryTracker(card.name), num_samples=500)
+    assert (own_root / "artifacts/ref-small/gptq/quantize.failed/quantize.log").is_file()
+    assert finished("ref-small", "gptq", Quantized) is not None  # the earlier build stays
 
 
 @pytest.fixture
@@ -162,8 +185,8 @@ def test_disk_full_while_saving_is_one_clear_error_and_nothing_is_marked_done(sm
     with pytest.raises(
         QevalError, match=r"disk full while saving the checkpoint to .*: free space or set QEVAL_WORKDIR"
     ):
-        quantize(small_card, "fp8", Tracker(small_card.name))
-    assert read_manifest(tiny_disk / "artifacts/ref-small/fp8/quantize") is None
+        quantize(small_card, "fp8", MemoryTracker(small_card.name))
+    assert finished("ref-small", "fp8", Quantized) is None
 
 
 @pytest.mark.slow
@@ -173,4 +196,4 @@ def test_missing_weights_offline_is_one_clear_error(small_card, monkeypatch):
         update={"source": small_card.source.model_copy(update={"path": None, "hub_id": "qeval-test/absent"})}
     )
     with pytest.raises(QevalError, match=r"weights for qeval-test/absent@main are not available offline"):
-        quantize(card, "fp8", Tracker(card.name))
+        quantize(card, "fp8", MemoryTracker(card.name))

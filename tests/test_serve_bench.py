@@ -8,18 +8,20 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, env_with
+from conftest import REPO, root_env
 from eval.serving import read_csv
+from pipelines.cards import load_card
 from pipelines.serve_bench import serve_bench
-from pipelines.tracking import Tracker, tracking_uri
+from pipelines.tracking import MlflowTracker, tracking_uri
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def served(small_card, builds):
-    tracker = Tracker(small_card.name)
-    return {p: serve_bench(small_card, p, tracker) for p in ("bf16", "gptq")}
+def served(own_root):
+    card = load_card("ref-small")
+    tracker = MlflowTracker(card.name)
+    return {p: serve_bench(card, p, tracker) for p in ("bf16", "gptq")}
 
 
 def test_a_short_sweep_over_a_real_server(served):
@@ -31,21 +33,24 @@ def test_a_short_sweep_over_a_real_server(served):
         assert all(len(r.token_times) >= 2 and r.start < r.first_token <= r.end for r in records)
         assert {r.prompt_tokens for r in records} <= {32, 33}  # 32-token prompts (+ BOS where added)
         assert "Application startup complete" in (record.path / "server.log").read_text()
-        s = record.summary
-        assert s["engine"] == "transformers" and s["failed_requests"] == 0
-        peak = max(m["output_tps"] for m in s["per_level"].values())
-        assert s["generator_ceiling"]["chunks_per_s"] > 10 * peak  # the generator is not the bottleneck
-        assert s["max_users_at_slo"] in (0, 1, 2)
+        s = record.result
+        assert s.engine == "transformers" and s.failed_requests == 0 and s.load.exact_length == "generation_config"
+        peak = max(m.output_tps for m in s.per_level.values())
+        assert s.generator_ceiling.chunks_per_s > 10 * peak and not s.generator_bound  # not the bottleneck
+        assert s.max_users_at_slo in (0, 1, 2)
+        assert all(m.ttft_ms_p50 <= m.ttft_ms_p90 <= m.ttft_ms_p99 for m in s.per_level.values())
 
         data = MlflowClient(tracking_uri()).get_run(record.run_id).data
         assert data.params["server.engine"] == "transformers"
         assert data.tags["qeval.stage.serve"] == "done"
-        steps = MlflowClient(tracking_uri()).get_metric_history(record.run_id, "server/ttft_ms_p50")
+        steps = MlflowClient(tracking_uri()).get_metric_history(record.run_id, "server/ttft_ms_p90")
         assert sorted(m.step for m in steps) == [1, 2]
+        goodput = MlflowClient(tracking_uri()).get_metric_history(record.run_id, "server/goodput_rps")
+        assert {m.step: m.value for m in goodput} == {c: m.goodput_rps for c, m in s.per_level.items()}
 
 
-def test_a_server_that_cannot_be_reached_is_one_clear_error(small_root, builds):
-    env = env_with(QEVAL_WORKDIR=str(small_root), QEVAL_CARDS_DIR=str(small_root / "cards"))
+def test_a_server_that_cannot_be_reached_is_one_clear_error(own_root):
+    env = root_env(own_root)
     cmd = [sys.executable, "-m", "pipelines", "serve-bench", "--model", "ref-small", "--precision", "fp8",
            "--url", "http://127.0.0.1:9"]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -56,16 +61,19 @@ def test_a_server_that_cannot_be_reached_is_one_clear_error(small_root, builds):
     assert bad.returncode == 2 and "--url must be an http(s) base URL" in bad.stderr
 
 
-def test_a_server_the_user_runs_is_driven_by_url(small_card, builds, tmp_path):
+def test_a_server_the_user_runs_is_driven_by_url(own_root, tmp_path):
+    from memory_tracker import MemoryTracker
+
     from pipelines.procs import running
-    from pipelines.quantize import checkpoint_for
+    from pipelines.results import checkpoint_for
     from pipelines.serve_bench import server_command
 
-    checkpoint, _ = checkpoint_for(small_card, "fp8")
+    card = load_card("ref-small")
+    checkpoint, _ = checkpoint_for(card, "fp8")
     cmd = server_command("transformers", checkpoint, trust_remote_code=False)
     with running(cmd, tmp_path / "server.log", 300, "transformers serve") as url:
-        record = serve_bench(small_card, "fp8", Tracker(small_card.name), url=url)
-    assert record.summary["engine"] == "external" and record.summary["failed_requests"] == 0
+        record = serve_bench(card, "fp8", MemoryTracker(card.name), url=url)
+    assert record.result.engine == "external" and record.result.failed_requests == 0
     records = read_csv(record.path / "requests.csv")
     assert len(records) == 6 and all(r.ok for r in records)
     assert not (record.path / "server.log").exists()  # not ours to start, nor to log

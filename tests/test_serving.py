@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from eval.serving import RequestRecord, Slo, level_metrics, max_users_at_slo, read_csv, sweep_metrics, write_csv
+from eval.serving import (
+    LevelMetrics,
+    RequestRecord,
+    Slo,
+    level_metrics,
+    max_users_at_slo,
+    read_csv,
+    sweep_metrics,
+    write_csv,
+)
 
 
 def _request(c: int, i: int, start: float, ttft: float, gap: float, tokens: int) -> RequestRecord:
@@ -28,31 +37,37 @@ def test_level_metrics_throughput_goodput_and_percentiles():
         _request(2, 3, 0.9, 0.1, 0.05, 11),  # ends at 1.5; meets
     ]
     m = level_metrics(reqs, slo)
-    assert m["requests"] == 4 and m["failed"] == 0
-    assert m["duration_s"] == pytest.approx(1.7)
-    assert m["request_tps"] == pytest.approx(4 / 1.7) and m["output_tps"] == pytest.approx(44 / 1.7)
-    assert m["goodput"] == pytest.approx(2 / 1.7) and m["slo_attainment"] == 0.5
-    assert m["ttft_ms_p50"] == pytest.approx(100) and m["ttft_ms_p99"] == pytest.approx(400 - 0.03 * 300)
-    assert m["tpot_ms_p50"] == pytest.approx(50) and m["itl_ms_p50"] == pytest.approx(50)
-    assert m["output_tps_per_user"] == pytest.approx(20)
-    assert m["meets_slo"] == 0.0  # p95 TTFT 391 ms > 300 ms
+    assert m.requests == 4 and m.failed == 0
+    assert m.duration_s == pytest.approx(1.7)
+    assert m.request_tps == pytest.approx(4 / 1.7) and m.output_tps == pytest.approx(44 / 1.7)
+    assert m.goodput_rps == pytest.approx(2 / 1.7) and m.slo_attainment == 0.5
+    assert m.ttft_ms_p50 == pytest.approx(100) and m.ttft_ms_p99 == pytest.approx(400 - 0.03 * 300)
+    assert m.ttft_ms_p90 == pytest.approx(400 - 0.3 * 300)
+    assert m.tpot_ms_p50 == pytest.approx(50) and m.itl_ms_p50 == pytest.approx(50)
+    assert m.output_tps_per_user == pytest.approx(20)
+    assert not m.meets_slo  # p95 TTFT 391 ms > 300 ms
 
 
 def test_a_failed_request_is_counted_and_fails_the_level():
     slo = Slo(ttft_ms=1000, tpot_ms=1000)
     ok = [_request(1, i, i * 1.0, 0.1, 0.01, 4) for i in range(3)]
-    assert level_metrics(ok, slo)["meets_slo"] == 1.0
+    assert level_metrics(ok, slo).meets_slo
     failed = RequestRecord(1, 3, 3.0, 3.5, False, error="timeout")
     m = level_metrics([*ok, failed], slo)
-    assert m["failed"] == 1 and m["requests"] == 4 and m["meets_slo"] == 0.0
-    assert m["slo_attainment"] == 0.75
-    assert level_metrics([failed], slo) == {"requests": 1, "failed": 1, "meets_slo": 0.0, "goodput": 0.0,
-                                            "slo_attainment": 0.0}  # fmt: skip
+    assert m.failed == 1 and m.requests == 4 and not m.meets_slo
+    assert m.slo_attainment == 0.75
+    alone = level_metrics([failed], slo)
+    assert (alone.requests, alone.failed, alone.meets_slo, alone.goodput_rps) == (1, 1, False, 0.0)
+    assert alone.ttft_ms_p50 is None and alone.output_tps is None
+
+
+def _level(meets: bool) -> LevelMetrics:
+    return LevelMetrics(requests=1, failed=0, meets_slo=meets)
 
 
 def test_max_users_is_the_largest_level_with_every_lower_level_meeting_the_slo():
-    assert max_users_at_slo({1: {"meets_slo": 1.0}, 2: {"meets_slo": 1.0}, 4: {"meets_slo": 0.0}}) == 2
-    assert max_users_at_slo({1: {"meets_slo": 0.0}, 2: {"meets_slo": 1.0}}) == 0
+    assert max_users_at_slo({1: _level(True), 2: _level(True), 4: _level(False)}) == 2
+    assert max_users_at_slo({1: _level(False), 2: _level(True)}) == 0
     slo = Slo(ttft_ms=150, tpot_ms=60)
     sweep = [_request(1, 0, 0, 0.1, 0.05, 4), _request(2, 0, 5, 0.1, 0.05, 4), _request(2, 1, 5, 0.2, 0.05, 4)]
     per_level = sweep_metrics(sweep, slo)

@@ -1,4 +1,4 @@
-"""Sizing against published figures (shared ANCHORS) and hand-computed cases."""
+"""Sizing against published figures (cited where used) and hand-computed cases."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from eval.gpus import get_gpu, gpu_for_device
-from eval.sizing import Assumptions, Shape, decode_read_bytes, fit, kv_bytes_per_token, weight_bytes
+from eval.sizing import Assumptions, Shape, decode_read_bytes, fit, weight_bytes
 from pipelines.paths import REPO_ROOT
 
 LLAMA2_7B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-2-7b.json").read_text()))
@@ -19,8 +19,8 @@ REF_LM = Shape.from_config(json.loads((REF_LM_DIR / "config.json").read_text()))
 
 def test_weights_and_kv_cache_match_published_figures():
     assert weight_bytes(LLAMA2_7B, "bf16") / 1e9 == pytest.approx(13.5, abs=0.05)  # 6.74B parameters
-    assert kv_bytes_per_token(LLAMA2_7B) == 512 * 1024
-    assert kv_bytes_per_token(LLAMA3_8B) == 128 * 1024
+    assert LLAMA2_7B.kv_bytes_per_token() == 512 * 1024  # fp16: 512 KiB
+    assert LLAMA3_8B.kv_bytes_per_token() == 128 * 1024  # grouped-query attention: 128 KiB
     # bytes read per decoded token (the embedding table is indexed, not read): 13.2 / 6.7 / 3.6 GB, and
     # 15.0 / 8.0 / 4.65 GB for Llama-3-8B
     for shape, published in ((LLAMA2_7B, (13.2, 6.7, 3.6)), (LLAMA3_8B, (15.0, 8.0, 4.65))):
@@ -115,21 +115,49 @@ def test_size_prints_every_catalog_gpu_for_a_real_card_offline(tmp_path):
     rows = last_json_line(done.stdout)["rows"]
     assert len(rows) == 9 * 5 and {r["gpu"] for r in rows} >= {"h100-sxm", "h200", "l4", "a10g"}
     h100 = next(r for r in rows if r["gpu"] == "h100-sxm" and r["precision"] == "bf16")
-    assert h100["weights GB"] == "16.06" and h100["fits"] == "yes"
+    assert h100["weights_gb"] == pytest.approx(16.06, abs=0.005) and h100["fits"] is True  # numbers, not table text
+    assert isinstance(h100["max_sequences"], int) and h100["execution"] == "native"
     bad = subprocess.run([*cmd[:-1], "--gpu", "h100"], cwd=REPO, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown GPU 'h100'" in bad.stderr and bad.stderr.strip().count("\n") == 0
 
 
-@pytest.mark.slow
-def test_size_stage_uses_real_bytes_and_checks_itself_against_the_bench(measured_small):
-    from pipelines.size import size
-    from pipelines.tracking import Tracker
+def test_the_group_size_reaches_the_projection():
+    """4-bit weights carry a 16-bit scale per group (and AWQ a 4-bit zero point): smaller groups, more bytes."""
+    linear = LLAMA3_8B.linear_params
+    for precision, per_group in (("gptq", 2.0), ("awq", 2.5)):
+        at = {g: weight_bytes(LLAMA3_8B, precision, g) for g in (32, 64, 128)}
+        assert at[64] - at[128] == pytest.approx(linear * per_group * (1 / 64 - 1 / 128))
+        assert at[32] > at[64] > at[128]
+        f = fit(LLAMA3_8B, precision, get_gpu("l4"), batch=1, input_len=1, output_len=1, group_size=64)
+        assert f.weights_gb == pytest.approx(at[64] / 1e9)
+    assert weight_bytes(LLAMA3_8B, "int8", 64) == weight_bytes(LLAMA3_8B, "int8", 128)  # per channel
 
-    record = size(measured_small, "gptq", Tracker(measured_small.name))
-    m = record.metrics
-    real = json.loads((record.path.parent / "quantize/manifest.json").read_text())["metrics"]["size/checkpoint_gb"]
-    assert m["size/weights_gb"] == pytest.approx(real)
-    assert m["size/weights_gb_from_config"] == pytest.approx(real, rel=0.02)  # projection vs the real files
-    assert {"size/h100-sxm/fits", "size/l4/max_sequences", "size/l4/decode_tps_ceiling"} <= set(m)
+
+def test_kv_bytes_per_token_is_what_the_model_caches():
+    """Counted from the key and value tensors ref-lm's own cache holds after a forward pass."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(REF_LM_DIR, dtype=torch.bfloat16)
+    tokens = 10
+    with torch.no_grad():
+        cache = model(torch.arange(tokens)[None], use_cache=True).past_key_values
+    stored = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert REF_LM.kv_bytes_per_token() == stored / tokens
+
+
+@pytest.mark.slow
+def test_size_stage_uses_real_bytes_and_checks_itself_against_the_bench(own_root, builds):
+    from memory_tracker import MemoryTracker
+
+    from pipelines.cards import load_card
+    from pipelines.size import size
+
+    card = load_card("ref-small")
+    s = size(card, "gptq", MemoryTracker(card.name)).result
+    real = builds["gptq"].result.checkpoint_bytes
+    assert s.weights_from == "checkpoint files" and s.weights_bytes == real
+    assert s.weights_bytes_from_config == pytest.approx(real, rel=0.02)  # projection vs the real files
+    assert {f.gpu for f in s.fits} == {"h100-sxm", "l4"} and all(f.weights_gb == real / 1e9 for f in s.fits)
     # the bench's own device: measured decode speed against the bandwidth ceiling
-    assert 0 < m["size/bench_device_measured_over_ceiling"] < 1.5
+    assert 0 < s.bench_check.measured_over_ceiling < 1.5

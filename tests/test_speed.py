@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from eval.speed import decode_step_bytes, kv_bytes_per_token, mbu, percentile, speedup_is_suspect, tpot_s
+from eval.speed import decode_step_bytes, mbu, percentile, speedup_is_suspect, tpot_s
 
 
 def test_percentile_matches_linear_interpolation():
@@ -14,12 +14,6 @@ def test_percentile_matches_linear_interpolation():
 def test_tpot_excludes_the_first_token():
     assert tpot_s(ttft_s=0.1, e2e_s=1.0, output_tokens=10) == pytest.approx(0.1)
     assert math.isnan(tpot_s(0.1, 0.1, 1))
-
-
-def test_kv_cache_per_token_matches_published_figures():
-    assert kv_bytes_per_token(32, 32, 128, 2) == 512 * 1024  # Llama-2-7B, fp16: 512 KiB
-    assert kv_bytes_per_token(32, 8, 128, 2) == 128 * 1024  # Llama-3-8B (GQA): 128 KiB
-    assert kv_bytes_per_token(80, 8, 128, 2) == 320 * 1024  # Llama-2-70B: 320 KiB
 
 
 def test_mbu_of_a_bandwidth_bound_decode():

@@ -1,32 +1,113 @@
+"""The MLflow contract: names from typed results (pure), the README's list of them, and a real store."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
+import re
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import REPO
+from eval.accuracy import AccuracyConfig, AccuracyResult, Metric
+from eval.engine import EngineConfig
+from eval.loadgen import LoadSettings
 from pipelines.errors import QevalError
-from pipelines.tracking import Tracker, lm_eval_metrics, metric_key, redact, tracking_uri
+from pipelines.results import Evaluated, Quantized
+from pipelines.tracking import (
+    ENGINE_SETTINGS,
+    EVAL_SETTINGS,
+    LOAD_SETTINGS,
+    NAMES,
+    NOT_SETTINGS,
+    QUANTIZE_SETTINGS,
+    VERIFY_SETTINGS,
+    MlflowTracker,
+    logged,
+    redact,
+    tracking_uri,
+)
+from quant.build import QuantizeConfig
+from quant.verify import VerifyConfig
 
 
-def test_metric_key_translates_lm_eval_names():
-    assert metric_key("arc_easy", "acc,none") == "eval/arc_easy/acc"
-    assert metric_key("arc_easy", "acc_stderr,none") == "eval/arc_easy/acc_stderr"
-    assert metric_key("gsm8k", "exact_match,strict-match") == "eval/gsm8k/exact_match/strict-match"
-    assert metric_key("wikitext", "alias") is None
-
-
-def test_lm_eval_metrics_flattens_and_drops_non_numbers():
-    results = {
-        "refkjv_ppl": {"alias": "refkjv_ppl", "bits_per_byte,none": 1.5, "bits_per_byte_stderr,none": "N/A"},
-        "arc_easy": {"acc,none": 0.5, "acc_stderr,none": 0.01, "samples": 10, "flag,none": True},
+def _evaluated(recovery=None) -> Evaluated:
+    scores = {
+        "ppl": [Metric(name="bits_per_byte", value=1.5, higher_is_better=False)],
+        "arc": [Metric(name="acc", value=0.5, stderr=0.01)],
+        "gsm8k": [Metric(name="exact_match", filter="strict-match", value=0.3, stderr=0.02)],
     }
-    assert lm_eval_metrics(results) == {
-        "eval/refkjv_ppl/bits_per_byte": 1.5,
-        "eval/arc_easy/acc": 0.5,
-        "eval/arc_easy/acc_stderr": 0.01,
+    accuracy = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
+                              lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
+    return Evaluated(config=AccuracyConfig(checkpoint="c", tasks=["ppl"], softmax_dtype="float64"), accuracy=accuracy,
+                     task_data_sha256=None, recovery=recovery)  # fmt: skip
+
+
+def test_evaluate_names_follow_the_contract():
+    out = logged(_evaluated({"arc": {"acc": 0.9}, "gsm8k": {"exact_match/strict-match": float("inf")}}))
+    assert out.metrics == {
+        "eval/ppl/bits_per_byte": 1.5,
+        "eval/arc/acc": 0.5,
+        "eval/arc/acc_stderr": 0.01,
+        "eval/gsm8k/exact_match/strict-match": 0.3,
+        "eval/gsm8k/exact_match_stderr/strict-match": 0.02,
+        "recovery/arc/acc": 0.9,  # an infinite recovery (x / 0) is not a metric MLflow can hold
     }
-    assert all("," not in k for k in lm_eval_metrics(results))
+    assert all("," not in k for k in out.metrics)
+    # every setting that changes a result is a param, softmax_dtype among them
+    assert out.params["eval.softmax_dtype"] == "float64" and out.params["eval.task_data_sha256"] == "hub"
+    assert out.params["eval.backend"] == "hf" and out.params["eval.limit"] == "None"
+
+
+def test_every_setting_of_a_stage_is_a_param_or_said_not_to_be_one():
+    for config, tables in (
+        (QuantizeConfig, [QUANTIZE_SETTINGS]),
+        (VerifyConfig, [VERIFY_SETTINGS]),
+        (AccuracyConfig, [EVAL_SETTINGS]),
+        (EngineConfig, [ENGINE_SETTINGS]),
+    ):
+        covered = {f for t in tables for f in t} | set(NOT_SETTINGS[config.__name__])
+        assert covered == set(config.model_fields), config.__name__
+    assert set(LOAD_SETTINGS) == set(LoadSettings.model_fields)
+
+
+def test_the_scheme_says_the_cards_group_size():
+    from pipelines.cards import load_card
+    from quant.precisions import get_precision
+
+    cfg = QuantizeConfig(base="b", precision="gptq", group_size=64)
+    scheme = get_precision("gptq").describe(cfg.group_size)
+    params = logged(Quantized(checkpoint="x", checkpoint_bytes=1, scheme=scheme, config=cfg)).params
+    assert params["quant.scheme"] == "GPTQ 4-bit symmetric weights, group 64, 16-bit activations"
+    assert params["quant.group_size"] == "64"
+    fp8 = QuantizeConfig(base="b", precision="fp8")
+    assert logged(Quantized(checkpoint="x", checkpoint_bytes=1, scheme="s", config=fp8)).params["quant.group_size"] == (
+        "per-channel"
+    )
+    assert load_card("ref-lm").quantization.group_size == 128
+
+
+def _readme_names() -> set[str]:
+    """Backticked MLflow names in the README's "MLflow layout" section; `a_p50|p90` lists siblings."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### MLflow layout") :]
+    section = section[: section.index("\n## ")]
+    names = set()
+    for token in re.findall(r"`([^`\s]+)`", section):
+        first, *more = token.split("|")
+        names.add(first)
+        names |= {first.rsplit("_", 1)[0] + "_" + m for m in more}
+    return names
+
+
+def test_the_readme_lists_every_name_and_no_other():
+    ours = {n for names in NAMES.values() for n in names}
+    shown = _readme_names()
+    prefixes = r"(eval|recovery|quant|size|engine|mem|server|gate|qeval)[/.]"
+    name_like = {n for n in shown if re.match(prefixes, n) and not re.search(r"\.(json|csv|png|md|log|yaml)$", n)}
+    assert ours - shown == set(), "in pipelines/tracking.py, not in README's MLflow layout"
+    assert name_like - ours == set(), "in README's MLflow layout, not in pipelines/tracking.py"
+    assert {"qeval.stage.<stage>", "qeval.gate.verdict"} <= shown
 
 
 def test_default_store_is_sqlite_under_mlruns(workdir, monkeypatch):
@@ -41,7 +122,7 @@ def test_redact_hides_credentials():
 
 
 def test_experiment_and_run_follow_the_contract(workdir):
-    tracker = Tracker("tiny")
+    tracker = MlflowTracker("tiny")
     run_id = tracker.build_run("fp8")
     assert tracker.build_run("fp8") == run_id  # the same build reuses its run
     client = MlflowClient(tracking_uri())
@@ -59,8 +140,7 @@ def _open_store(args):
 
     os.environ["QEVAL_WORKDIR"] = workdir
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    tracker = Tracker(f"m{i % 2}")
-    return tracker.build_run(f"p{i}")
+    return MlflowTracker(f"m{i % 2}").build_run(f"p{i}")
 
 
 def test_many_processes_can_create_the_store_at_once(workdir):
@@ -74,4 +154,4 @@ def test_unwritable_store_is_one_clear_error(workdir, monkeypatch):
     blocker.write_text("not a folder")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
     with pytest.raises(QevalError, match=r"MLflow store sqlite:///.*a-file/mlflow.db is not usable: .*writable"):
-        Tracker("tiny")
+        MlflowTracker("tiny")

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from conftest import REPO, env_with, free_port
-from pipelines.tracking import Tracker
+from pipelines.tracking import MlflowTracker
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def _get(url: str) -> tuple[int, str]:
 
 
 def test_ui_serves_the_store_on_loopback_and_stops(workdir):
-    Tracker("ref-lm").build_run("bf16")
+    MlflowTracker("ref-lm").build_run("bf16")
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines", "ui", "--port", str(port)],

@@ -1,0 +1,68 @@
+"""The precision registry: every entry walked through everything that reads it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.gpus import CATALOG, get_gpu
+from eval.sizing import Shape, fit, weight_bytes
+from pipelines.paths import REPO_ROOT
+from pipelines.results import Quantized
+from pipelines.tracking import logged
+from quant.build import QuantizeConfig
+from quant.precisions import PRECISIONS, build_recipe, get_precision
+from quant.recipes import RecipeOptions
+from quant.verify import check_quantization_config
+
+LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-3.1-8b.json").read_text()))
+
+
+def _saved_config(p) -> dict:
+    """What a compressed-tensors checkpoint of `p` declares in its config.json."""
+    group = {"weights": {"num_bits": p.weight_bits}}
+    return {"quantization_config": {"quant_method": "compressed-tensors", "format": p.checkpoint_format,
+                                    "config_groups": {"group_0": group}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PRECISIONS))
+def test_every_precision_through_recipe_proof_sizing_gpus_and_tracking(name):
+    p = get_precision(name)
+    recipe = build_recipe(name, RecipeOptions(group_size=64))
+    if p.weight_bits == 16:
+        assert recipe is None and p.checkpoint_format is None and not p.needs_calibration
+    else:
+        assert recipe and all(type(m).__name__.endswith("Modifier") for m in recipe)
+        assert check_quantization_config(_saved_config(p), name) == (p.checkpoint_format, p.weight_bits)
+        groups = [g for m in recipe for g in (getattr(m, "config_groups", None) or {}).values()]
+        assert all(g.weights.group_size in (64, None) for g in groups)  # the card's group size reaches the recipe
+    # bytes per weight: the bits, plus a 16-bit scale (and a zero point) per group for grouped precisions
+    assert p.bytes_per_weight(128) >= p.weight_bits / 8
+    assert (p.bytes_per_weight(64) > p.bytes_per_weight(128)) == p.grouped
+    assert weight_bytes(LLAMA3_8B, name, 64) >= weight_bytes(LLAMA3_8B, name, 128)
+    # every GPU of the catalog runs it somehow, and its prefill floor uses the units it runs on
+    for gpu in CATALOG:
+        f = fit(LLAMA3_8B, name, gpu, batch=1, input_len=128, output_len=1, group_size=64)
+        assert f.execution == p.execution(gpu.capability) in ("native", "weight-only", "emulated")
+        assert gpu.compute_flops(name) >= gpu.bf16_flops
+    # what the build logs says what it is, at the card's group size
+    cfg = QuantizeConfig(base="b", precision=name, group_size=64)
+    params = logged(Quantized(checkpoint="c", checkpoint_bytes=1, scheme=p.describe(64), config=cfg)).params
+    assert params["quant.scheme"] == p.describe(64) and ("group 64" in params["quant.scheme"]) == p.grouped
+
+
+def test_how_each_gpu_generation_runs_each_precision():
+    runs = {g: {n: get_gpu(g).execution(n) for n in PRECISIONS} for g in ("a100-80gb", "l4", "h100-sxm")}
+    assert runs["a100-80gb"] == {"bf16": "native", "fp8": "weight-only", "int8": "native", "awq": "weight-only",
+                                 "gptq": "weight-only"}  # fmt: skip
+    assert runs["h100-sxm"]["fp8"] == runs["l4"]["fp8"] == "native"
+    h100 = get_gpu("h100-sxm")
+    assert h100.compute_flops("fp8") == h100.fp8_flops and h100.compute_flops("awq") == h100.bf16_flops
+    assert get_gpu("a100-80gb").compute_flops("fp8") == get_gpu("a100-80gb").bf16_flops  # weight-only: 16-bit math
+    assert get_precision("fp8").execution((7, 0)) == "emulated"  # before Marlin's kernels
+
+
+def test_unknown_precision_suggests_the_closest():
+    with pytest.raises(ValueError, match=r"unknown precision 'gtpq' \(did you mean 'gptq'\?\); known: bf16"):
+        get_precision("gtpq")
