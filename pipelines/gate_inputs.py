@@ -10,9 +10,17 @@ from eval import accuracy
 from eval.stats import Comparison, compare, is_likelihood
 from pipelines.cards import Gate, ModelCard
 from pipelines.errors import QevalError
-from pipelines.results import Benched, Evaluated, Measured, Served, Sized, finished, require, stage_dir
-
-METRIC_PREFERENCE = ("bits_per_byte", "acc_norm", "acc", "exact_match")
+from pipelines.results import (
+    PREFERRED_METRICS,
+    Benched,
+    Evaluated,
+    Measured,
+    Served,
+    Sized,
+    finished,
+    require,
+    stage_dir,
+)
 
 
 def task_threshold(policy: Gate, task: str, likelihood: bool) -> tuple[str, float]:
@@ -80,7 +88,7 @@ def fits(card: ModelCard, precision: str) -> list:
 
 
 def gating_metric(card: ModelCard, task: str, available: list[accuracy.Metric]) -> accuracy.Metric:
-    """The metric that gates `task`: the card's choice, else the first of METRIC_PREFERENCE reported.
+    """The metric that gates `task`: the card's choice, else the first of PREFERRED_METRICS reported.
 
     A metric's filter is `none` where lm-eval reports one, else the first it reports (gsm8k: strict-match).
     """
@@ -93,7 +101,7 @@ def gating_metric(card: ModelCard, task: str, available: list[accuracy.Metric]) 
     name, _, filt = (chosen or "").replace("/", ",").partition(",")
     if chosen and name not in by_name:
         raise QevalError(f"gate.task_metric: task '{task}' has no per-document '{name}'; it has: {sorted(by_name)}")
-    name = name or next((n for n in METRIC_PREFERENCE if n in by_name), next(iter(by_name)))
+    name = name or next((n for n in PREFERRED_METRICS if n in by_name), next(iter(by_name)))
     candidates = by_name[name]
     return next((m for m in candidates if m.filter == (filt or "none")), candidates[0])
 

@@ -30,6 +30,8 @@ from quant.build import CHECKPOINT_DIR, QuantizeConfig, QuantizeResult
 from quant.verify import VerifyConfig, VerifyResult
 
 MANIFEST = "manifest.json"
+PREFERRED_METRICS = ("bits_per_byte", "acc_norm", "acc", "exact_match")
+"""The metric a task is summed up by, and gated on unless the card names one: the first it reports."""
 
 
 def build_dir(model: str, precision: str) -> Path:
@@ -112,7 +114,18 @@ class Evaluated(StageResult):
         return evaluation_settings(self.config, self.task_data_sha256)
 
     def headline(self) -> str:
-        return ", ".join(f"{t}/{m.id}={m.value:.4g}" for t, ms in self.accuracy.scores.items() for m in ms)
+        shown = []
+        for task in self.config.tasks:
+            scores = self.accuracy.scores.get(task) or []
+            m = next((m for name in PREFERRED_METRICS for m in scores if m.name == name), scores[0] if scores else None)
+            if m is not None:
+                shown.append(
+                    f"{task} {m.id} {m.value:.4g}" + (f" ({r:.4f})" if (r := self._recovery(task, m.id)) else "")
+                )
+        return ", ".join(shown)
+
+    def _recovery(self, task: str, metric: str) -> float | None:
+        return (self.recovery or {}).get(task, {}).get(metric)
 
 
 def evaluation_settings(config: AccuracyConfig, task_data_sha256: str | None) -> dict[str, Any]:
