@@ -61,7 +61,8 @@ def bench(
         done = Benched(config=cfg, engine=result, input_len=s.input_len, output_len=s.output_len)
         return done.model_copy(update={"speedup": _speedup(baseline.result, done)}) if baseline else done
 
-    code = [Path(engine.__file__), Path(speed.__file__), Path(engine.__file__).with_name("gpus.py"), Path(__file__),
+    here = Path(engine.__file__).parent  # the engine reads the GPU catalog and sizing's KV bytes per token
+    code = [Path(engine.__file__), Path(speed.__file__), here / "gpus.py", here / "sizing.py", Path(__file__),
             Path(run_child.__code__.co_filename)]  # fmt: skip
     return run_stage(tracker, precision, Benched, inputs, code, work, force=force)
 

@@ -36,7 +36,9 @@ def evaluate(
     def work(out: Path) -> Evaluated:
         return _evaluate(card, precision, cfg, task_data, baseline.result if baseline else None, out)
 
-    code = [Path(accuracy.__file__), Path(__file__), Path(run_child.__code__.co_filename)]
+    here = Path(accuracy.__file__).parent  # recovery: compare.py, and its 0/0 rule in stats.py
+    code = [Path(accuracy.__file__), here / "compare.py", here / "stats.py", Path(__file__),
+            Path(run_child.__code__.co_filename)]  # fmt: skip
     return run_stage(tracker, precision, Evaluated, inputs, code, work, force=force)
 
 

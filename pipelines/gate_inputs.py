@@ -7,6 +7,7 @@ policy in pipelines/gate.py judges. Every missing or mismatched input is one err
 from __future__ import annotations
 
 from eval import accuracy
+from eval.sizing import Fit
 from eval.stats import Comparison, compare, is_likelihood
 from pipelines.cards import Gate, ModelCard
 from pipelines.errors import QevalError
@@ -72,7 +73,7 @@ def _server(card: ModelCard, precision: str) -> tuple[float | None, int | None]:
     return level.goodput_rps, served.max_users_at_slo
 
 
-def fits(card: ModelCard, precision: str) -> list:
+def fits(card: ModelCard, precision: str) -> list[Fit]:
     """The sizing projection on each GPU the policy requires a fit on, from the size stage."""
     sized = require(card, precision, Sized, "gate")
     projected = {f.gpu: f for f in sized.fits}

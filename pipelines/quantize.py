@@ -62,6 +62,7 @@ def quantize(
         calibration=spec,
         trust_remote_code=card.source.trust_remote_code,
     )
+    # the checkpoint is filled in once it is built (checkpoint and base are paths, not settings)
     check = verify.VerifyConfig(base=base, checkpoint="", precision=precision, trust_remote_code=cfg.trust_remote_code)
     inputs = {
         "base": weights_identity(card, base),
@@ -94,16 +95,15 @@ def _build(
     )
     checkpoint = out / build_mod.CHECKPOINT_DIR
     shutil.copy(checkpoint / "recipe.yaml", out / "recipe.yaml")  # logged; the weights are not
-    check = check.model_copy(update={"checkpoint": str(checkpoint)})
-    proof = run_child("quant.verify:verify_checkpoint", check, out, verify.VerifyResult, out / "verify.log", offline)
+    here = check.model_copy(update={"checkpoint": str(checkpoint)})
+    proof = run_child("quant.verify:verify_checkpoint", here, out, verify.VerifyResult, out / "verify.log", offline)
+    final = stage_dir(card.name, cfg.precision, Quantized.STAGE) / build_mod.CHECKPOINT_DIR  # once in place
     return Quantized(
-        checkpoint=str(
-            stage_dir(card.name, cfg.precision, Quantized.STAGE) / build_mod.CHECKPOINT_DIR
-        ),  # once in place
+        checkpoint=str(final),
         checkpoint_bytes=made.checkpoint_bytes,
         scheme=scheme,
         config=cfg,
         build=made,
-        verify=check,
+        verify=check.model_copy(update={"checkpoint": str(final)}),
         proof=proof,
     )

@@ -69,14 +69,15 @@ def fits_table(
 
 def bench_check(bench: Benched | None, shape: sizing.Shape) -> BenchCheck | None:
     """Projected decode ceiling on the benchmark's own device beside the measured speed (batch 1)."""
-    if bench is None or bench.config.no_weights or bench.at(1) is None or not bench.at(1).decode_tps_per_user:
+    point = bench.at(1) if bench is not None and not bench.config.no_weights else None
+    if point is None or not point.decode_tps_per_user:
         return None
     e = bench.engine
     context = bench.input_len + bench.output_len / 2
     ceiling = (
         e.bandwidth_gb_s * 1e9 / (sizing.decode_read_bytes(shape, e.weight_bytes) + e.kv_bytes_per_token * context)
     )
-    measured = bench.at(1).decode_tps_per_user
+    measured = point.decode_tps_per_user
     return BenchCheck(decode_ceiling=ceiling, decode_measured=measured, measured_over_ceiling=measured / ceiling)
 
 
