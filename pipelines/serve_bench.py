@@ -1,34 +1,58 @@
-"""The serve stage: a real OpenAI-compatible server per build, swept over concurrency under the card's SLO.
+"""The serve stage: a real OpenAI-compatible server per build, swept over concurrency under the card's SLO,
+and where the card asks, the build's accuracy as that server scores it.
 
-The server is `transformers serve --continuous-batching` on the build's checkpoint, or `vllm serve`
-where vLLM is installed and a GPU is present (card `server.engine`), or one the user runs (`--url`).
-It binds a free port on 127.0.0.1, its log is kept, and it is stopped with everything it started on
-every way out. The load generator (eval/loadgen.py) measures its own ceiling against a minimal local
-streaming endpoint (eval/stream_stub.py) in the same stage, so that a slow generator cannot pass for
-a slow server.
+The server is vLLM wherever it is installed (card `server.engine: auto`; pipelines/engines.py), else
+`transformers serve --continuous-batching`, or one the user runs (`--url`). It binds a free port on
+127.0.0.1, its log is kept, and it is stopped with everything it started on every way out. Which
+linear kernel vLLM chose for each quantized layer type is read from its log and labels the figures
+native or emulated. The load generator (eval/loadgen.py) measures its own ceiling against a minimal
+local streaming endpoint (eval/stream_stub.py) in the same stage, so that a slow generator cannot pass
+for a slow server.
+
+With `server.served_accuracy`, lm-eval's completions backend runs the card's tasks against the same
+server after the sweep, sending the offline evaluation's exact token windows, and each task's metric is
+compared with the offline score document by document (served - offline, paired interval).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import logging
 import sys
 from pathlib import Path
 
+import eval.accuracy as accuracy
 import eval.loadgen as loadgen
 import eval.serving as serving
+import pipelines.engines as engines
+from eval.gpus import get_gpu, gpu_for_device
 from pipelines.cards import ModelCard, offline_env
+from pipelines.child import run_child
 from pipelines.errors import QevalError
+from pipelines.gate_inputs import paired
 from pipelines.procs import running
-from pipelines.results import GeneratorCeiling, Served, checkpoint_for
+from pipelines.results import (
+    Evaluated,
+    GeneratorCeiling,
+    Manifest,
+    Served,
+    ServedAccuracy,
+    ServedVsOffline,
+    Sized,
+    checkpoint_for,
+    finished,
+    stage_dir,
+)
 from pipelines.stages import StageRecord, run_stage
 from pipelines.tracking import Tracker
+from quant.precisions import get_precision
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
 CEILING_OUTPUT = 256  # chunks per request against the stub
-CB_BLOCK = 256  # tokens per KV-cache block of transformers' continuous batching (its default)
 EXACT_LENGTH = {"vllm": "ignore_eos", "transformers": "generation_config"}  # how each engine is held to a length
+SERVED_DIR = "served_accuracy"
+SERVED_BATCH = 32  # prompts per completions request: the server batches them; fewer round trips (2x faster here)
 
 
 def served_model(url: str, default: str) -> str:
@@ -42,47 +66,58 @@ def served_model(url: str, default: str) -> str:
         return default
 
 
-def choose_engine(engine: str) -> str:
-    if engine != "auto":
-        return engine
-    if importlib.util.find_spec("vllm") is None:
-        return "transformers"
-    import torch
+def model_positions(checkpoint: str) -> int | None:
+    """The context the model was built for (config.json), which the offline evaluation uses too."""
+    try:
+        cfg = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg)
+    return cfg.get("max_position_embeddings") or cfg.get("n_positions")
 
-    return "vllm" if torch.cuda.is_available() else "transformers"
+
+def default_tensor_parallel(card: ModelCard, sized: Sized | None, device_name: str | None) -> int:
+    """The card's degree, else the GPUs the size stage says the build needs on the GPU in use (or the
+    card's first target GPU where this one is not in the catalog); 1 where nothing says otherwise."""
+    if card.server.tensor_parallel:
+        return card.server.tensor_parallel
+    if sized is None:
+        return 1
+    here = gpu_for_device(device_name) if device_name else None
+    name = here.name if here else (card.target_gpus[0] if card.target_gpus else None)
+    fit = next((f for f in sized.fits if f.gpu == name), None)
+    if fit is None:
+        return 1
+    if fit.tensor_parallel is None:
+        raise QevalError(f"{card.name}: the size stage says a build does not fit 8 x {get_gpu(name).name}; "
+                         f"set server.tensor_parallel and pipeline_parallel in the card")  # fmt: skip
+    return fit.tensor_parallel
 
 
-def server_command(
-    engine: str,
-    checkpoint: str,
-    trust_remote_code: bool,
-    port: str = "{port}",
-    *,
-    max_sequences: int = 64,
-    input_len: int = 2048,
-    output_len: int = 256,
-) -> list[str]:
-    """The command that serves `checkpoint` on 127.0.0.1 (`{port}` is filled in by procs.running).
+def vllm_settings(card: ModelCard, precision: str, checkpoint: str, device: str, device_name: str | None = None):
+    """How vLLM serves this build here: the card's settings, with the defaults filled in.
 
-    On a CPU, transformers' continuous batching sizes its KV cache from the machine's free memory (12 GB
-    of 24 here, which the kernel's OOM killer took back once other work ran): the cache is sized for
-    the sweep instead, `max_sequences` of input + output tokens with room to spare.
+    Served accuracy needs two tokens beyond the model's positions (eval/accuracy.py, _served_args); the
+    extra positions are never scored (engines.vllm_command extends vLLM's position table to them).
     """
-    if engine == "vllm":
-        beside = Path(sys.executable).with_name("vllm")  # the virtual environment's, when not on PATH
-        cmd = [str(beside) if beside.exists() else "vllm", "serve", checkpoint, "--host", "127.0.0.1", "--port", port]
-        return cmd + (["--trust-remote-code"] if trust_remote_code else [])
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", checkpoint, "--continuous-batching"]
-    cmd += ["--host", "127.0.0.1", "--port", port, "--device", device, "--log-level", "info"]
-    if device == "cpu":
-        blocks = 2 * max_sequences * -(-(input_len + output_len) // CB_BLOCK) + 8
-        batch_tokens = min(8192, max(512, max_sequences * input_len))
-        cmd += ["--cb-num-blocks", str(blocks)]
-        cmd += ["--cb-max-batch-tokens", str(batch_tokens)]
-    return cmd + (["--trust-remote-code"] if trust_remote_code else [])
+    srv = card.server
+    positions = model_positions(checkpoint) or srv.max_model_len or 2048
+    length = srv.max_model_len or positions
+    if srv.served_accuracy:
+        length = max(length, positions + 2)
+    done = finished(card.name, precision, Sized) if device == "cuda" else None
+    return engines.VllmSettings(
+        device=device,
+        max_model_len=length,
+        tensor_parallel=default_tensor_parallel(card, done.result if done else None, device_name)
+        if device == "cuda"
+        else 1,
+        pipeline_parallel=srv.pipeline_parallel,
+        kv_cache_dtype=srv.kv_cache_dtype,
+        enforce_eager=device == "cpu" if srv.enforce_eager is None else srv.enforce_eager,
+        cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
+        positions=positions if length > positions else None,
+    )
 
 
 def generator_ceiling(work: Path, concurrency: int, requests_per_user: int) -> GeneratorCeiling:
@@ -103,10 +138,18 @@ def generator_ceiling(work: Path, concurrency: int, requests_per_user: int) -> G
 def serve_bench(
     card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, url: str | None = None
 ) -> StageRecord[Served]:
-    """Sweep one build's server over the card's concurrency levels and log it."""
+    """Sweep one build's server over the card's concurrency levels (and score it, where asked) and log it."""
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
     srv, s = card.server, card.speed
-    engine = "external" if url else choose_engine(srv.engine)
+    engine = "external" if url else engines.choose_engine(srv.engine)
+    vllm, settings = None, None
+    if engine == "vllm":
+        vllm = engines.find_vllm()
+        if vllm is None:
+            raise QevalError(f"model '{card.name}': server.engine is vllm but no vLLM is installed here; "
+                             f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
+        device, name = ("cuda", _device_name()) if engines.cuda_available() else ("cpu", None)
+        settings = vllm_settings(card, precision, checkpoint, device, name)
     load = loadgen.LoadSettings(
         api=srv.api,
         concurrency=s.concurrency,
@@ -117,20 +160,93 @@ def serve_bench(
         exact_length=EXACT_LENGTH.get(engine, "none"),
         timeout_s=srv.timeout_s,
     )
+    scored, offline = _served_accuracy_plan(card, precision, checkpoint, engine)
     inputs = {
         "checkpoint": checkpoint_id,
         "engine": engine,
+        "engine_version": f"{vllm.distribution} {vllm.version}" if vllm else None,
+        "vllm": settings.model_dump() if settings else None,
         "url": url,
         "load": load.model_dump(),
         "slo": s.slo.model_dump(),
+        "served_accuracy": scored.model_dump(mode="json", exclude={"checkpoint", "include_path"}) if scored else None,
+        "offline": offline.inputs_digest if offline else None,
     }
 
     def work(out: Path) -> Served:
-        return _sweep(card, precision, checkpoint, engine, load, url, out)
+        if url:
+            launch = None
+        elif vllm is not None and settings is not None:
+            launch = engines.vllm_command(vllm.python, checkpoint, settings, card.source.trust_remote_code)
+        else:
+            launch = _transformers(card, checkpoint, load), {}
+        served = _sweep(card, precision, checkpoint, engine, settings, load, url, launch, scored, out)
+        if vllm is not None:
+            served = served.model_copy(update={"engine_version": f"{vllm.distribution} {vllm.version}"})
+        if served.accuracy is not None and offline is not None:
+            served = served.model_copy(update={"accuracy": _vs_offline(card, precision, served.accuracy, offline, out)})
+        return served
 
-    code = [Path(loadgen.__file__), Path(serving.__file__), Path(loadgen.__file__).with_name("stream_stub.py"),
-            Path(__file__)]  # fmt: skip
+    here = Path(loadgen.__file__).parent
+    code = [Path(loadgen.__file__), Path(serving.__file__), here / "stream_stub.py", Path(__file__),
+            Path(engines.__file__), Path(accuracy.__file__), here / "stats.py"]  # fmt: skip
     return run_stage(tracker, precision, Served, inputs, code, work, force=force)
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def _served_accuracy_plan(
+    card: ModelCard, precision: str, checkpoint: str, engine: str
+) -> tuple[accuracy.AccuracyConfig | None, Manifest[Evaluated] | None]:
+    """The lm-eval run against the server (the offline evaluation's settings, through the completions
+    API), and the offline evaluation it is compared with; (None, None) where the card does not ask."""
+    if not card.server.served_accuracy:
+        return None, None
+    if engine != "vllm":
+        log.warning("%s@%s: served accuracy needs vLLM's prompt log-probabilities; not run on %s",
+                    card.name, precision, engine)  # fmt: skip
+        return None, None
+    offline = finished(card.name, precision, Evaluated)
+    if offline is None:
+        raise QevalError(f"{card.name}@{precision}: served accuracy is compared with the offline evaluation; "
+                         f"run it first: qeval evaluate --model {card.name} --precision {precision}")  # fmt: skip
+    base = offline.result.config
+    limits = [n for n in (base.limit, card.server.served_limit) if n]
+    scored = base.model_copy(
+        update={
+            "tasks": card.server.served_tasks or base.tasks,
+            "limit": min(limits) if limits else None,
+            "batch_size": SERVED_BATCH,
+            "backend": "local-completions",
+            "served_model": checkpoint,
+            "max_length": model_positions(checkpoint),
+        }
+    )
+    return scored, offline
+
+
+def _vs_offline(
+    card: ModelCard, precision: str, scored: ServedAccuracy, offline: Manifest[Evaluated], out: Path
+) -> ServedAccuracy:
+    """Each served task's gating metric against the offline score of the same documents."""
+    offline_dir = stage_dir(card.name, precision, Evaluated.STAGE)
+    vs = {}
+    for task in scored.config.tasks:
+        try:
+            c = paired(card, task, (offline_dir, offline.result.accuracy), (out / SERVED_DIR, scored.accuracy),
+                       subset=True)  # fmt: skip
+        except (FileNotFoundError, KeyError) as e:
+            raise QevalError(f"{card.name}@{precision} served accuracy of {task}: {e}; rerun with --force") from None
+        vs[task] = ServedVsOffline(metric=c.metric, n=c.n, offline=c.baseline, served=c.build,
+                                   difference=c.difference, confidence=card.gate.confidence)  # fmt: skip
+        est, lo, hi = c.difference
+        log.info("%s@%s %s %s served %.5g vs offline %.5g: %+.3g [%+.3g, %+.3g]%s", card.name, precision, task,
+                 c.metric, c.build, c.baseline, est, lo, hi, " DIFFERS" if vs[task].differs else "")  # fmt: skip
+    return scored.model_copy(update={"vs_offline": vs})
 
 
 def _sweep(
@@ -138,11 +254,15 @@ def _sweep(
     precision: str,
     checkpoint: str,
     engine: str,
+    settings: engines.VllmSettings | None,
     load: loadgen.LoadSettings,
     url: str | None,
+    launch: tuple[list[str], dict[str, str]] | None,
+    scored: accuracy.AccuracyConfig | None,
     out: Path,
 ) -> Served:
-    """Measure the generator's ceiling, then sweep the server (started here unless `url` is given)."""
+    """Measure the generator's ceiling, then sweep the server (started here with `launch`, the command and
+    its environment, unless `url` is given), and score it with lm-eval where `scored` says how."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=card.source.trust_remote_code)
@@ -168,16 +288,43 @@ def _sweep(
             where = f"the server at {url}" if url else f"the server's log {out / 'server.log'}"
             raise QevalError(f"{card.name}@{precision} server: {e}; check {where}") from None
 
-    if url:
-        records = sweep(url)
+    result = None
+    if launch is None:
+        records = sweep(url or "")
     else:
-        cmd = server_command(engine, checkpoint, card.source.trust_remote_code, max_sequences=max(load.concurrency),
-                             input_len=load.input_len, output_len=load.output_len)  # fmt: skip
+        cmd, env = launch
         what = f"{engine} serve for {card.name}@{precision}"
-        with running(cmd, out / "server.log", card.server.start_timeout_s, what, offline_env(card)) as base_url:
-            records = sweep(base_url)
+        log.info("starting %s (log: %s)", what, out / "server.log")
+        with running(cmd, out / "server.log", card.server.start_timeout_s, what, {**offline_env(card), **env}) as base:
+            records = sweep(base)
+            if scored is not None:
+                log.info("%s@%s: lm-eval %s against the server", card.name, precision, ", ".join(scored.tasks))
+                cfg = scored.model_copy(update={"base_url": base})
+                where = out / SERVED_DIR
+                result = run_child("eval.accuracy:evaluate_accuracy", cfg, where, accuracy.AccuracyResult,
+                                   where / "lm_eval.log", offline_env(card))  # fmt: skip
     serving.write_csv(records, out / "requests.csv")
-    return _served(engine, load, card, records, slo, ceiling)
+    served = _served(engine, load, card, records, slo, ceiling)
+    if settings is not None:
+        kernels = engines.kernels_from_log((out / "server.log").read_text(errors="replace"), settings.device)
+        label = engines.execution_label(kernels)
+        chosen = ", ".join(f"{k.kernel} for {k.method}" for k in kernels) or "none reported (unquantized)"
+        log.info("%s@%s: vLLM's linear kernels: %s (%s)", card.name, precision, chosen, label)
+        served = served.model_copy(update={"vllm": settings, "kernels": kernels, "execution": label})
+    elif engine == "transformers":
+        dequantized = get_precision(precision).weight_bits < 16  # transformers computes in 16 bits
+        served = served.model_copy(update={"execution": "emulated" if dequantized else "native"})
+    if result is not None:
+        assert scored is not None
+        served = served.model_copy(update={"accuracy": ServedAccuracy(config=scored, accuracy=result, vs_offline={})})
+    return served
+
+
+def _transformers(card: ModelCard, checkpoint: str, load: loadgen.LoadSettings) -> list[str]:
+    device = "cuda" if engines.cuda_available() else "cpu"
+    return engines.transformers_command(checkpoint, card.source.trust_remote_code, device=device,
+                                        max_sequences=max(load.concurrency), input_len=load.input_len,
+                                        output_len=load.output_len)  # fmt: skip
 
 
 def _served(
@@ -198,6 +345,7 @@ def _served(
         )  # fmt: skip
     return Served(
         engine=engine,
+        execution="unknown",
         load=load,
         slo=card.speed.slo,
         per_level=per_level,

@@ -65,6 +65,8 @@ _MAX_TAG = 5000  # MLflow's limit on a tag value is 8000 characters; keep errors
 EVAL_METRIC = "eval/{task}/{metric}"
 EVAL_STDERR = "eval/{task}/{name}_stderr{filter}"
 RECOVERY_METRIC = "recovery/{task}/{metric}"
+SERVED_METRIC = "served/{task}/{metric}"  # lm-eval through the build's server
+SERVED_DIFF = "served_vs_offline/{task}/{metric}{bound}"  # served - offline, paired; bound: "", _lower, _upper
 SIZE_GPU_METRIC = "size/{gpu}/{figure}"
 
 Getter = Callable[[Any], Any]
@@ -99,6 +101,7 @@ SERVE_METRICS: dict[str, Getter] = {
     "server/max_users_at_slo": lambda s: s.max_users_at_slo,
     "server/failed_requests": lambda s: s.failed_requests,
     "server/generator_ceiling_chunks_s": lambda s: s.generator_ceiling.chunks_per_s,
+    "server/served_accuracy_differs": lambda s: s.accuracy and len(s.accuracy.findings),
 }
 _LATENCY = [f"{m}_p{q}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") for q in (50, 90, 99)]
 _THROUGHPUT = ["output_tps", "output_tps_per_user", "request_tps", "goodput_rps", "slo_attainment", "failed"]
@@ -152,6 +155,19 @@ EVAL_SETTINGS = {
     "bootstrap_iters": "eval.bootstrap_iters",
     "trust_remote_code": "eval.trust_remote_code",
     "backend": "eval.backend",
+    "tensor_parallel": "eval.tensor_parallel",
+    "max_length": "eval.max_length",
+}
+VLLM_SETTINGS = {
+    "device": "server.device",
+    "max_model_len": "server.max_model_len",
+    "tensor_parallel": "server.tensor_parallel",
+    "pipeline_parallel": "server.pipeline_parallel",
+    "kv_cache_dtype": "server.kv_cache_dtype",
+    "enforce_eager": "server.enforce_eager",
+    "cpu_kv_cache_gb": "server.cpu_kv_cache_gb",
+    "gpu_memory_utilization": "server.gpu_memory_utilization",
+    "seed": "server.seed",
 }
 ENGINE_SETTINGS = {
     "no_weights": "engine.weights",
@@ -186,7 +202,13 @@ NOT_SETTINGS = {  # config type name -> its fields that are not settings, and wh
         "precision": "the run's tag",
         "trust_remote_code": "quant.trust_remote_code",
     },
-    "AccuracyConfig": {"checkpoint": "a path", "include_path": "a path; eval.task_data_sha256 identifies it"},
+    "AccuracyConfig": {
+        "checkpoint": "a path",
+        "include_path": "a path; eval.task_data_sha256 identifies it",
+        "base_url": "a loopback port of the moment",
+        "served_model": "the checkpoint's path, as the server names it",
+    },
+    "VllmSettings": {"positions": "the checkpoint's own (config.json), where max_model_len exceeds them"},
     "EngineConfig": {"checkpoint": "a path", "precision": "the run's tag", "quantized": "follows the precision"},
 }
 QUANTIZE_PARAMS: dict[str, Getter] = {  # derived from the result; override a setting of the same name
@@ -218,6 +240,12 @@ BENCH_PARAMS: dict[str, Getter] = {
 }
 SERVE_PARAMS: dict[str, Getter] = {
     "server.engine": lambda s: s.engine,
+    "server.engine_version": lambda s: s.engine_version,
+    "server.kernels": lambda s: s.kernel_names if s.engine == "vllm" else None,
+    "server.execution": lambda s: s.execution,
+    "server.accuracy_tasks": lambda s: s.accuracy and s.accuracy.config.tasks,
+    "server.accuracy_limit": lambda s: s.accuracy and str(s.accuracy.config.limit),
+    "server.accuracy_batch_size": lambda s: s.accuracy and s.accuracy.config.batch_size,
     "server.slo": lambda s: f"TTFT p95 <= {s.slo.ttft_ms:g} ms, TPOT p95 <= {s.slo.tpot_ms:g} ms",
 }
 SIZE_PARAMS: dict[str, Getter] = {
@@ -238,13 +266,15 @@ NAMES: dict[str, list[str]] = {
     "experiment": ["qeval/<model>"],
     "metrics": [
         *QUANTIZE_METRICS, *BENCH_METRICS, *SERVE_METRICS, *SIZE_METRICS, *GATE_METRICS,
-        *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC)), "eval/<task>/<metric>_stderr",
+        *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC, SERVED_METRIC)), "eval/<task>/<metric>_stderr",
+        *(_templated(SERVED_DIFF).replace("<bound>", b) for b in ("", "_lower", "_upper")),
         *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
     ],
     "series": [*BENCH_SERIES, *SERVE_SERIES],
     "params": sorted({
         *QUANTIZE_SETTINGS.values(), *VERIFY_SETTINGS.values(), *EVAL_SETTINGS.values(), *ENGINE_SETTINGS.values(),
-        *LOAD_SETTINGS.values(), *QUANTIZE_PARAMS, *EVAL_PARAMS, *BENCH_PARAMS, *SERVE_PARAMS, *SIZE_PARAMS,
+        *LOAD_SETTINGS.values(), *VLLM_SETTINGS.values(), *QUANTIZE_PARAMS, *EVAL_PARAMS, *BENCH_PARAMS,
+        *SERVE_PARAMS, *SIZE_PARAMS,
         _templated(GATE_PARAM),
     }),
     "tags": [
@@ -336,8 +366,10 @@ def logged(result: StageResult) -> Logged:
             series = {
                 n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None] for n, get in SERVE_SERIES.items()
             }
-            params = _settings(result.load, LOAD_SETTINGS) | _params(SERVE_PARAMS, result)
-            return Logged(_numbers(SERVE_METRICS, result), series, params)
+            params = _settings(result.load, LOAD_SETTINGS) | _settings(result.vllm, VLLM_SETTINGS)
+            return Logged(
+                _numbers(SERVE_METRICS, result) | _served(result), series, params | _params(SERVE_PARAMS, result)
+            )
         case Sized():
             metrics = _numbers(SIZE_METRICS, result)
             for f in result.fits:
@@ -346,6 +378,21 @@ def logged(result: StageResult) -> Logged:
                 }
             return Logged(metrics, params=_params(SIZE_PARAMS, result))
     raise TypeError(f"no MLflow mapping for {type(result).__name__}")
+
+
+def _served(result: Served) -> dict[str, float]:
+    """The build's scores through its server, and their paired difference from the offline ones."""
+    if result.accuracy is None:
+        return {}
+    metrics = {
+        SERVED_METRIC.format(task=task, metric=m.id): m.value
+        for task, scores in result.accuracy.accuracy.scores.items()
+        for m in scores
+    }
+    for task, c in result.accuracy.vs_offline.items():
+        for bound, value in zip(("", "_lower", "_upper"), c.difference, strict=True):
+            metrics[SERVED_DIFF.format(task=task, metric=c.metric, bound=bound)] = value
+    return _finite(metrics)
 
 
 def verdict_metrics(build: BuildVerdict) -> dict[str, float]:

@@ -12,6 +12,7 @@ from conftest import REPO
 from eval.accuracy import AccuracyConfig, AccuracyResult, Metric
 from eval.engine import EngineConfig
 from eval.loadgen import LoadSettings
+from pipelines.engines import VllmSettings
 from pipelines.errors import QevalError
 from pipelines.results import Evaluated, Quantized
 from pipelines.tracking import (
@@ -22,6 +23,7 @@ from pipelines.tracking import (
     NOT_SETTINGS,
     QUANTIZE_SETTINGS,
     VERIFY_SETTINGS,
+    VLLM_SETTINGS,
     MlflowTracker,
     logged,
     redact,
@@ -65,6 +67,7 @@ def test_every_setting_of_a_stage_is_a_param_or_said_not_to_be_one():
         (VerifyConfig, [VERIFY_SETTINGS]),
         (AccuracyConfig, [EVAL_SETTINGS]),
         (EngineConfig, [ENGINE_SETTINGS]),
+        (VllmSettings, [VLLM_SETTINGS]),
     ):
         covered = {f for t in tables for f in t} | set(NOT_SETTINGS[config.__name__])
         assert covered == set(config.model_fields), config.__name__
