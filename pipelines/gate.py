@@ -84,8 +84,9 @@ def speed_rule(policy: Gate, build: Measured, baseline: Measured, byte_ratio: fl
         verdict = NOT_GATED if policy.min_speedup is None else INCONCLUSIVE
         return Rule("speed", verdict, f"speed: the baseline has no speed to compare with, {where}: {verdict}"), None
     up = build.speed / baseline.speed
-    if build.regime == "engine" and build.engine != baseline.engine:
-        # e.g. the baseline's decode compiled while this build's format could not be: not one harness
+    if build.engine != baseline.engine:
+        # e.g. the baseline's decode compiled while this build's format could not be, or served by another
+        # engine: not one harness
         where += f", {build.engine or '?'} vs the baseline's {baseline.engine or '?'}: not the same harness"
         verdict = NOT_GATED if policy.min_speedup is None else INCONCLUSIVE
         return Rule("speed", verdict, f"speed: {up:.2f}x, {where}{kernels}: {verdict}"), up

@@ -43,36 +43,37 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
     point = bench.at(b)
     if point is None or point.decode_tps_per_user is None or point.peak_mem_bytes is None:
         raise QevalError(f"{where} has no decode speed at batch {b} (out of memory there, or another grid)")
-    goodput, users = _server(card, precision)
+    served = _served(card, precision)
+    server_regime = card.gate.speed_regime == "server"
     m = Measured(
         decode_tps=point.decode_tps_per_user,
         peak_gb=point.peak_mem_bytes / 1e9,
         weights_gb=bench.engine.weight_bytes / 1e9,
-        kernels=bench.engine.kernels,
+        # the regime's own: the server's kernels (vLLM's report) or the engine bench's
+        kernels=f"{served.execution} ({served.engine})" if server_regime and served else bench.engine.kernels,
         regime=card.gate.speed_regime,
-        engine=bench.engine.engine,
-        goodput=goodput,
-        users_at_slo=users,
+        engine=served.engine if server_regime and served else bench.engine.engine,
+        goodput=_level(card, precision, served).goodput_rps if served else None,
+        users_at_slo=served.max_users_at_slo if served else None,
     )
     return m, float(bench.engine.weight_bytes)
 
 
-def _server(card: ModelCard, precision: str) -> tuple[float | None, int | None]:
-    """Goodput at the judged concurrency and users at the SLO, from the serve stage (required by the
-    server regime, shown where it exists otherwise)."""
+def _served(card: ModelCard, precision: str) -> Served | None:
+    """The build's server sweep (required under the server regime, shown where it exists otherwise)."""
     if card.gate.speed_regime == "server":
-        served = require(card, precision, Served, "gate")
-    else:
-        done = finished(card.name, precision, Served)
-        if done is None:
-            return None, None
-        served = done.result
+        return require(card, precision, Served, "gate")
+    done = finished(card.name, precision, Served)
+    return done.result if done else None
+
+
+def _level(card: ModelCard, precision: str, served: Served):
     level = served.per_level.get(card.judged_users)
     if level is None:
         raise QevalError(
             f"gate: {card.name}@{precision} serve has no level at {card.judged_users} users; rerun qeval serve-bench"
         )
-    return level.goodput_rps, served.max_users_at_slo
+    return level
 
 
 def fits(card: ModelCard, precision: str) -> list[Fit]:

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from eval.sizing import Fit
 from pipelines.cards import ModelCard
 from pipelines.paths import atomic_write, reports_dir
-from pipelines.results import BASELINE, FAIL, INCONCLUSIVE, PASS, Benched, Decision, Sized, finished
+from pipelines.results import BASELINE, FAIL, INCONCLUSIVE, PASS, Benched, Decision, Served, Sized, finished
 from pipelines.tracking import Tracker
 
 COLOURS = {PASS: "#2a9d3f", FAIL: "#c8372d", INCONCLUSIVE: "#e6a117", BASELINE: "#555555"}
@@ -38,7 +38,15 @@ def _bench(card: ModelCard, precision: str) -> Benched | None:
     return done.result if done else None
 
 
+def _served(card: ModelCard, precision: str) -> Served | None:
+    done = finished(card.name, precision, Served)
+    return done.result if done else None
+
+
 def _how(card: ModelCard) -> str:
+    """How the speed figures the gate uses were measured: the server (its regime) or the engine bench."""
+    if card.gate.speed_regime == "server":
+        return _how_served(card)
     base = _bench(card, card.gate.baseline)
     if base is None:
         return "engine bench: not run"
@@ -46,6 +54,24 @@ def _how(card: ModelCard) -> str:
     return (
         f"{e.engine} on {e.device_name}, input {base.input_len} / output {base.output_len} tokens, "
         f"median of {base.config.repeats} runs"
+    )
+
+
+def _engine(card: ModelCard) -> str:
+    served = _served(card, card.gate.baseline)
+    return f"{served.engine} ({served.engine_version or 'engine'})" if served else f"{card.server.engine} engine"
+
+
+def _how_served(card: ModelCard) -> str:
+    served = _served(card, card.gate.baseline)
+    if served is None:
+        return "server sweep: not run"
+    version = f" ({served.engine_version})" if served.engine_version else ""
+    device = f" on {served.vllm.device}" if served.vllm else ""
+    return (
+        f"{served.engine}{version}{device} server, {card.judged_users} concurrent users, input "
+        f"{served.load.input_len} / output {served.load.output_len} tokens, {served.load.requests_per_user} "
+        f"requests per user"
     )
 
 
@@ -65,6 +91,7 @@ def quality_vs_speed(card: ModelCard, decision: Decision):
         ax.errorbar([x], [rec], yerr=[[rec - lo], [hi - rec]], fmt="o", ms=8, capsize=4,
                     color=COLOURS[b.verdict], zorder=3)  # fmt: skip
         label = f"{b.precision}: {b.verdict}" + (" - ships" if b.precision == decision.chosen else "")
+        label += " (emulated)" if b.speed.kernels.startswith("emulated") else ""
         label += f"\n(worst: {task})"
         # alternate above and below, so that neighbours' labels do not overlap
         ax.annotate(
@@ -76,8 +103,7 @@ def quality_vs_speed(card: ModelCard, decision: Decision):
                linewidths=1, zorder=2, label="Pareto frontier (nothing beats it on both axes)")  # fmt: skip
     ax.plot([p[1] for p in front], [p[2] for p in front], "--", color="#888888", lw=1)
     ax.axhline(policy.min_recovery, color=COLOURS[FAIL], lw=0.8, ls=":", label=f"min recovery {policy.min_recovery:g}")
-    kernels = {b.speed.kernels for b in decision.builds}
-    emulated = any(k.startswith("emulated") for k in kernels)
+    emulated = all(b.speed.kernels.startswith("emulated") for b in decision.builds)
     ax.set_xlabel(decision.speed_axis + (" (quantized: emulated)" * emulated))
     ax.set_ylabel(f"recovery, worst task ({policy.confidence:.0%} paired bootstrap interval)")
     ax.set_title(f"{card.name}: quality against speed per precision", fontsize=11)
@@ -214,6 +240,36 @@ def fit_cells(f: Fit) -> dict[str, str]:
     }
 
 
+def served_section(card: ModelCard) -> list[str]:
+    """Each build's accuracy through its server against its offline accuracy, where the card asks for it;
+    a difference whose paired interval excludes 0 is called out."""
+    rows, found = [], []
+    for p in card.precisions:
+        served = _served(card, p)
+        if served is None or served.accuracy is None:
+            continue
+        for task, c in served.accuracy.vs_offline.items():
+            est, lo, hi = c.difference
+            rows.append(f"| {p} | {task} | {c.metric} | {c.n} | {c.offline:.5g} | {c.served:.5g} | "
+                        f"{est:+.2g} [{lo:+.2g}, {hi:+.2g}] | {'**differs**' if c.differs else 'same'} |")  # fmt: skip
+            if c.differs:
+                found.append(f"{p} {task}")
+    if not rows:
+        return []
+    verdict = f"**Finding:** served accuracy differs from offline for {', '.join(found)}." if found else (
+        "Every build scores the same through its server as offline, within the paired interval.")  # fmt: skip
+    return [
+        "",
+        "## Accuracy as served (vLLM) against offline (transformers), same documents",
+        "",
+        verdict,
+        "",
+        "| build | task | metric | documents | offline | served | served - offline [interval] | |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def fits_section(card: ModelCard) -> list[str]:
     """The size stage's fits-on table for the card's target GPUs, as Markdown lines."""
     sized = [done.result for p in card.precisions if (done := finished(card.name, p, Sized))]
@@ -259,16 +315,19 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
         "",
         "## How these were measured",
         "",
-        f"- Speed: {_how(card)}; decode tokens/s per user = 1 / median time per output token.",
-        f"- Server: {card.server.engine} engine over an OpenAI-compatible endpoint, closed-loop load at "
+        f"- Speed (the gate's, {decision.speed_axis}): {_how(card)}"
+        + ("." if card.gate.speed_regime == "server" else "; decode tokens/s per user = 1 / median time per token."),
+        f"- Server: {_engine(card)} over an OpenAI-compatible endpoint, closed-loop load at "
         f"{card.speed.concurrency} concurrent users, {card.speed.input_len} tokens in and "
         f"{card.speed.output_len} out; SLO TTFT p95 <= {card.speed.slo.ttft_ms:g} ms and TPOT p95 <= "
         f"{card.speed.slo.tpot_ms:g} ms; goodput counts the requests that met both.",
         "- Recovery: quantized score / baseline score (baseline / quantized for lower-is-better metrics), "
         f"with a paired bootstrap over the same documents ({decision.policy.bootstrap_resamples:,} resamples); "
         "for 0/1 outcomes the exact McNemar p-value is in gate.json.",
-        "- Quantized builds on a CPU run emulated kernels (weights dequantized to compute): their speed says "
-        "nothing about a GPU with native kernels.",
+        "- Kernels (column `kernels`): native where the engine runs the format itself, emulated where it computes "
+        "in a wider type (the engine bench dequantizes every quantized build; vLLM reports the kernel it chose, "
+        "`qeval serve-bench`). Emulated speed says nothing about hardware with native kernels.",
+        *served_section(card),
         "",
         *[f"![{c}]({c})" for c in charts],
         "",

