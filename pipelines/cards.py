@@ -117,8 +117,8 @@ class Speed(_Strict):
 class Server(_Strict):
     """The server benchmark: an OpenAI-compatible server per build, swept over speed.concurrency.
 
-    vLLM's settings (parallel degrees, KV-cache dtype, context) also apply to lm-eval's in-process vLLM
-    backend where accuracy runs on it (a GPU with vLLM installed).
+    vLLM's settings shape its command line (pipelines/engines.py); `tensor_parallel` also splits lm-eval's
+    in-process vLLM backend where the evaluate stage runs on it (a GPU with vLLM importable).
     """
 
     engine: Literal["auto", "transformers", "vllm"] = Field(

@@ -56,6 +56,7 @@ def _config(card: ModelCard, checkpoint: str, limit: int | None) -> accuracy.Acc
         batch_size=acc.batch_size,
         seed=acc.seed,
         trust_remote_code=card.source.trust_remote_code,
+        tensor_parallel=card.server.tensor_parallel or 1,  # lm-eval's vLLM backend, where it runs (a GPU)
     )
 
 

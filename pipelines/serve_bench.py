@@ -94,7 +94,9 @@ def default_tensor_parallel(card: ModelCard, sized: Sized | None, device_name: s
     return fit.tensor_parallel
 
 
-def vllm_settings(card: ModelCard, precision: str, checkpoint: str, device: str, device_name: str | None = None):
+def vllm_settings(
+    card: ModelCard, precision: str, checkpoint: str, device: str, device_name: str | None = None
+) -> engines.VllmSettings:
     """How vLLM serves this build here: the card's settings, with the defaults filled in.
 
     Served accuracy needs two tokens beyond the model's positions (eval/accuracy.py, _served_args); the
@@ -189,7 +191,8 @@ def serve_bench(
 
     here = Path(loadgen.__file__).parent
     code = [Path(loadgen.__file__), Path(serving.__file__), here / "stream_stub.py", Path(__file__),
-            Path(engines.__file__), Path(accuracy.__file__), here / "stats.py"]  # fmt: skip
+            Path(engines.__file__), Path(accuracy.__file__), here / "stats.py",
+            Path(paired.__code__.co_filename)]  # fmt: skip
     return run_stage(tracker, precision, Served, inputs, code, work, force=force)
 
 

@@ -38,6 +38,18 @@ def test_run_does_every_stage_then_skips_them(own_root):
     ]
     assert {s["status"] for s in stages if s["stage"] in ("quantize", "evaluate", "bench")} == {"skipped"}  # fixtures
     assert {s["status"] for s in stages if s["stage"] in ("serve", "size")} == {"done"}
+    # every build served on vLLM, labelled by the kernel vLLM reported, and scored through its server too
+    served = {s["precision"]: s["result"] for s in stages if s["stage"] == "serve"}
+    assert {p: (r["engine"], r["execution"]) for p, r in served.items()} == {
+        "bf16": ("vllm", "native"),
+        "fp8": ("vllm", "emulated"),
+        "int8": ("vllm", "native"),
+        "awq": ("vllm", "native"),
+        "gptq": ("vllm", "native"),
+    }
+    for p, r in served.items():
+        assert set(r["accuracy"]["vs_offline"]) == {"refkjv_ppl", "refkjv_next_verse", "refkjv_last_word"}, p
+        assert all(abs(c["served"] - c["offline"]) < 0.2 for c in r["accuracy"]["vs_offline"].values()), p
     size = next(s for s in stages if s["stage"] == "size" and s["precision"] == "awq")["result"]
     assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
     t0 = time.perf_counter()
