@@ -282,6 +282,10 @@ def _sweep(
             card.name, precision, c, m.requests, m.failed, m.ttft_ms_p50 or float("nan"),
             m.tpot_ms_p50 or float("nan"), m.output_tps or 0.0,
         )  # fmt: skip
+        if m.bursts:
+            log.warning("%s@%s concurrency %d: %d requests arrived in one burst, not streamed: their TPOT is not "
+                        "measured and the level is not counted as meeting the SLO; rerun with --force",
+                        card.name, precision, c, m.bursts)  # fmt: skip
 
     def sweep(base_url: str) -> list[serving.RequestRecord]:
         model = served_model(base_url, checkpoint) if url else checkpoint

@@ -16,6 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_run_does_every_stage_then_skips_them(own_root):
+    card = own_root / "cards" / "ref-small.yaml"
+    card.write_text(card.read_text().replace("speed_regime: engine", "speed_regime: server"))  # as ref-lm's
     env = root_env(own_root)
     cmd = [sys.executable, "-m", "pipelines", "run", "--model", "ref-small", "--json"]
     first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -25,6 +27,7 @@ def test_run_does_every_stage_then_skips_them(own_root):
     # the gate decided (exit 1 exactly when nothing ships) and the report was written
     assert (first.returncode == 0) == (doc["gate"]["chosen"] is not None)
     assert {b["precision"] for b in doc["gate"]["builds"]} == {"fp8", "int8", "awq", "gptq"}
+    assert doc["gate"]["speed_axis"].startswith("goodput")  # judged as served
     assert sorted(Path(p).name for p in doc["report"]) == [
         "memory.png",
         "quality_vs_speed.png",

@@ -61,6 +61,17 @@ def test_a_failed_request_is_counted_and_fails_the_level():
     assert alone.ttft_ms_p50 is None and alone.output_tps is None
 
 
+def test_tokens_that_arrive_in_one_burst_were_not_streamed_and_the_level_is_not_counted():
+    slo = Slo(ttft_ms=1000, tpot_ms=1000)
+    streamed = [_request(1, i, i * 1.0, 0.02, 0.004, 32) for i in range(2)]  # 4 ms per token
+    assert not any(r.burst for r in streamed) and level_metrics(streamed, slo).meets_slo
+    # as recorded once from vLLM on 2 cores: 32 tokens within half a millisecond, 145 ms after the start
+    burst = _request(1, 2, 2.0, 0.145, 0.000015, 32)
+    m = level_metrics([*streamed, burst], slo)
+    assert burst.burst and m.bursts == 1 and not m.meets_slo and m.failed == 0
+    assert not _request(1, 3, 3.0, 0.1, 0.0, 2).burst  # two tokens may well come in one chunk
+
+
 def _level(meets: bool) -> LevelMetrics:
     return LevelMetrics(requests=1, failed=0, meets_slo=meets)
 
