@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -334,6 +335,10 @@ def ui(
     from pipelines.tracking import redact, tracking_uri, ui_command
 
     err.print(f"MLflow UI on http://{host}:{port} (store: {redact(tracking_uri())})", highlight=False)
+    # Ctrl-C and SIGTERM both stop the server's process group: a process started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and job schedulers stop jobs with SIGTERM
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     proc = subprocess.Popen(ui_command(host, port), start_new_session=True)
     try:
         code = proc.wait()
