@@ -172,7 +172,7 @@ def _served_args(cfg: AccuracyConfig) -> dict[str, Any]:
     Token IDs go out as the prompt (echoed, with their log-probabilities), tokenized by the checkpoint's
     own tokenizer. The API backend keeps one token for generation and a rolling window one shorter than
     the hf backend's (lm_eval/models/api_models.py), so it is given the hf context + 2: the same windows
-    and truncation. The server must accept that many tokens (pipelines/serve_bench.py: served_max_len).
+    and truncation. The server must accept that many tokens (pipelines/serve_bench.py, vllm_settings).
     """
     if not (cfg.base_url and cfg.served_model and cfg.max_length):
         raise ValueError("local-completions needs base_url, served_model and max_length")

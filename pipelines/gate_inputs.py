@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eval import accuracy
+from eval.serving import LevelMetrics
 from eval.sizing import Fit
 from eval.stats import Comparison, compare, is_likelihood
 from pipelines.cards import Gate, ModelCard
@@ -67,7 +68,7 @@ def _served(card: ModelCard, precision: str) -> Served | None:
     return done.result if done else None
 
 
-def _level(card: ModelCard, precision: str, served: Served):
+def _level(card: ModelCard, precision: str, served: Served) -> LevelMetrics:
     level = served.per_level.get(card.judged_users)
     if level is None:
         raise QevalError(
