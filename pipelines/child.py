@@ -49,11 +49,19 @@ def run_child(
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # progress bars pass through
-            sys.stderr.write(chunk.decode(errors="replace"))
-            sys.stderr.flush()
-            log.write(chunk)
-        code = proc.wait()
+        try:
+            for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # progress bars pass through
+                sys.stderr.write(chunk.decode(errors="replace"))
+                sys.stderr.flush()
+                log.write(chunk)
+            code = proc.wait()
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): the child goes too
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
     if (out_dir / "error.json").is_file():
         raise ChildFailed(json.loads((out_dir / "error.json").read_text())["error"])
     if code != 0 or not (out_dir / "result.json").is_file():

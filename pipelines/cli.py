@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -48,6 +49,11 @@ def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug 
         handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
         force=True,
     )
+    # SIGTERM (CI runners, job schedulers) stops qeval as Ctrl-C does: every server and child it started is
+    # stopped on the way out and the running stage ends as failed. SIGINT is restored too, for a qeval
+    # started in the background by a non-interactive shell, which inherits it ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
 
 
 def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,6 +66,9 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except QevalError as e:
             err.print(f"qeval: error: {e}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("qeval: interrupted (Ctrl-C or SIGTERM); what was running was stopped", highlight=False)
+            raise typer.Exit(130) from None
 
     return wrapper
 
@@ -334,11 +343,12 @@ def ui(
     from pipelines.procs import stop_process_group
     from pipelines.tracking import redact, tracking_uri, ui_command
 
+    with socket.socket() as probe:  # uvicorn would only log "address in use" and exit 0
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise QevalError(f"cannot listen on {host}:{port} ({e.strerror}); pick another with --port") from None
     err.print(f"MLflow UI on http://{host}:{port} (store: {redact(tracking_uri())})", highlight=False)
-    # Ctrl-C and SIGTERM both stop the server's process group: a process started in the background by a
-    # non-interactive shell inherits SIGINT ignored, and job schedulers stop jobs with SIGTERM
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.default_int_handler)
     proc = subprocess.Popen(ui_command(host, port), start_new_session=True)
     try:
         code = proc.wait()

@@ -38,6 +38,15 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 10.0) -> None:
             continue
 
 
+def answers(url: str, timeout: float = 5.0) -> bool:
+    """Whether the server at `url` answers /health now."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log_path: Path, what: str) -> None:
     deadline = time.monotonic() + timeout
     while True:

@@ -30,7 +30,7 @@ from pipelines.cards import ModelCard, offline_env
 from pipelines.child import run_child
 from pipelines.errors import QevalError
 from pipelines.gate_inputs import paired
-from pipelines.procs import running
+from pipelines.procs import answers, running
 from pipelines.results import (
     Evaluated,
     GeneratorCeiling,
@@ -295,15 +295,28 @@ def _sweep(
             where = f"the server at {url}" if url else f"the server's log {out / 'server.log'}"
             raise QevalError(f"{card.name}@{precision} server: {e}; check {where}") from None
 
+    def alive(base_url: str, records: list[serving.RequestRecord]) -> None:
+        """The rule: failed requests from a server that still answers are data (the level misses the SLO);
+        a server that stopped answering during the sweep fails the stage, which is then not cached."""
+        if answers(base_url):
+            return
+        serving.write_csv(records, out / "requests.csv")  # kept in the failed folder
+        failed = sum(not r.ok for r in records)
+        where = f"the server at {url}" if url else f"its log {out / 'server.log'}"
+        raise QevalError(f"{card.name}@{precision}: the server stopped answering during the sweep ({failed} of "
+                         f"{len(records)} requests failed); see {where}; rerun when it is fixed")  # fmt: skip
+
     result = None
     if launch is None:
         records = sweep(url or "")
+        alive(url or "", records)
     else:
         cmd, env = launch
         what = f"{engine} serve for {card.name}@{precision}"
         log.info("starting %s (log: %s)", what, out / "server.log")
         with running(cmd, out / "server.log", card.server.start_timeout_s, what, {**offline_env(card), **env}) as base:
             records = sweep(base)
+            alive(base, records)
             if scored is not None:
                 log.info("%s@%s: lm-eval %s against the server", card.name, precision, ", ".join(scored.tasks))
                 cfg = scored.model_copy(update={"base_url": base})

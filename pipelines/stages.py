@@ -214,6 +214,9 @@ def run_stage(
                 result = work(partial)
         except Exception as e:
             raise _fail(tracker, partial, final, precision, e) from e
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (pipelines/cli.py): failed, never done
+            _fail(tracker, partial, final, precision, QevalError("interrupted"))
+            raise
         manifest = Manifest[kind](
             model=model,
             precision=precision,

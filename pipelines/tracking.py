@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -24,7 +25,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pipelines.errors import QevalError
 from pipelines.paths import mlruns_dir
@@ -438,6 +439,43 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
 
 
+HEALTH_TIMEOUT_S = 5.0  # a tracking server that does not answer /health within this is not used
+# MLflow's own HTTP client retries 7 times with backoff (about 4 minutes against a dead server) and waits
+# 120 s per request; qeval checks the server first, so later requests get fewer, shorter tries
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def without_credentials(uri: str) -> str:
+    """The URI without user name and password, which move to MLflow's own variables for its HTTP client:
+    nothing MLflow prints (its "View run ... at:" lines, its errors) then carries them."""
+    parts = urlsplit(uri)
+    if not (parts.username or parts.password):
+        return uri
+    if parts.username:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parts.username)
+    if parts.password:
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(parts.password)
+    return urlunsplit(parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")))
+
+
+def check_server(uri: str) -> None:
+    """One quick look at an HTTP tracking server before any work: it must answer /health in seconds."""
+    import httpx
+
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    try:
+        r = httpx.get(
+            uri.rstrip("/") + "/health", timeout=HEALTH_TIMEOUT_S, auth=(user, password or "") if user else None
+        )
+        r.raise_for_status()
+    except httpx.HTTPError as e:
+        why = "no answer" if isinstance(e, httpx.TimeoutException) else type(e).__name__
+        raise QevalError(
+            f"tracking server {redact(uri)} does not answer /health within {HEALTH_TIMEOUT_S:g} s ({why}); "
+            f"start it or fix MLFLOW_TRACKING_URI, or unset it to use the local store"
+        ) from None
+
+
 def redact(uri: str) -> str:
     """The URI without user name or password, for messages."""
     parts = urlsplit(uri)
@@ -446,6 +484,11 @@ def redact(uri: str) -> str:
         netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
         return urlunsplit(parts._replace(netloc=netloc))
     return uri
+
+
+def scrub(text: str) -> str:
+    """`text` with any credentials in URLs (`scheme://user:password@host`) replaced by ***."""
+    return re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", text)
 
 
 def ui_command(host: str, port: int | str) -> list[str]:
@@ -489,8 +532,12 @@ class MlflowTracker:
 
     def __init__(self, model: str, uri: str | None = None):
         self.model = model
-        self.uri = uri or tracking_uri()
+        self.uri = without_credentials(uri or tracking_uri())
         db = _sqlite_path(self.uri)
+        if self.uri.startswith(("http://", "https://")):
+            for name, value in HTTP_DEFAULTS.items():
+                os.environ.setdefault(name, value)
+            check_server(self.uri)
         try:
             if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)
@@ -504,7 +551,7 @@ class MlflowTracker:
                 self.client = MlflowClient(tracking_uri=self.uri)
                 self.experiment_id = self._experiment()
         except Exception as e:  # any failure here means the store cannot be used
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = scrub(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
             raise QevalError(
                 f"MLflow store {redact(self.uri)} is not usable: {msg}; set MLFLOW_TRACKING_URI "
                 f"or QEVAL_WORKDIR to a writable place"

@@ -1,0 +1,158 @@
+"""Faults a user or a CI runner meets, with local stand-ins that behave like them: one clear line, exit
+status 2 (130 when stopped), within seconds, no password printed, nothing marked done that is not and no
+process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, env_with, free_port, root_env
+
+PASSWORD = "S3cretPW99"
+
+
+def _qeval(*args: str, env: dict[str, str], timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    return done, time.monotonic() - t0
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if proc.name.isdigit() and int(proc.name) != os.getpid() and text.encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_tracking_server_with_nothing_listening_fails_fast_and_keeps_its_password(tmp_path):
+    uri = f"http://alice:{PASSWORD}@127.0.0.1:{free_port()}"
+    done, seconds = _qeval(
+        "gate", "--model", "ref-lm", env=env_with(MLFLOW_TRACKING_URI=uri, QEVAL_WORKDIR=str(tmp_path))
+    )
+    assert done.returncode == 2 and seconds < 30, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "does not answer /health" in last and "tracking server http://127.0.0.1:" in last
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_a_tracking_server_that_never_answers_fails_within_its_timeout(tmp_path):
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        done, seconds = _qeval(
+            "gate", "--model", "ref-lm", env=env_with(MLFLOW_TRACKING_URI=uri, QEVAL_WORKDIR=str(tmp_path))
+        )
+    assert done.returncode == 2 and seconds < 30, done.stderr[-2000:]
+    assert "no answer" in done.stderr.strip().splitlines()[-1]
+
+
+def test_the_ui_on_a_taken_port_is_an_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        done, seconds = _qeval("ui", "--port", port, env=env_with(QEVAL_WORKDIR=str(tmp_path)))
+    assert done.returncode == 2 and seconds < 30, done.stderr[-2000:]
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_path):
+    from pipelines.procs import running
+
+    store = tmp_path / "server"
+    store.mkdir()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{store}/mlflow.db",
+           "--default-artifact-root", str(store / "artifacts"), "--host", "127.0.0.1", "--port", "{port}"]  # fmt: skip
+    with running(cmd, tmp_path / "mlflow.log", 120, "mlflow server") as url:
+        uri = url.replace("http://", f"http://alice:{PASSWORD}@")
+        env = {**root_env(own_root), "MLFLOW_TRACKING_URI": uri}
+        done, _ = _qeval("size", "--log", "--model", "ref-small", "--precision", "awq", env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "View run" in done.stdout  # MLflow's own line, printed without the credentials
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+def _transformers_server(checkpoint: str, log: Path) -> tuple[subprocess.Popen, str]:
+    from pipelines.engines import transformers_command
+    from pipelines.procs import free_port as port_free
+    from pipelines.procs import wait_healthy
+
+    port = port_free()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(transformers_command(checkpoint, False, str(port)), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, proc, 300, log, "transformers serve")
+    return proc, url
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_mid_sweep_fails_the_stage_and_is_not_cached(own_root, tmp_path):
+    from memory_tracker import MemoryTracker
+
+    from pipelines.cards import load_card
+    from pipelines.errors import QevalError
+    from pipelines.procs import stop_process_group
+    from pipelines.results import Served, checkpoint_for, finished
+    from pipelines.serve_bench import serve_bench
+
+    card = load_card("ref-small")
+    card = card.model_copy(update={"server": card.server.model_copy(update={"requests_per_user": 200})})
+    checkpoint, _ = checkpoint_for(card, "gptq")
+    proc, url = _transformers_server(checkpoint, tmp_path / "server.log")
+    killer = threading.Timer(12.0, stop_process_group, (proc, 0.1))  # mid-sweep: 600 requests take ~40 s
+    killer.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(QevalError, match="stopped answering during the sweep"):
+            serve_bench(card, "gptq", MemoryTracker(card.name), url=url)
+        assert time.monotonic() - t0 < 120
+    finally:
+        killer.cancel()
+        stop_process_group(proc)
+    assert finished(card.name, "gptq", Served) is None  # nothing cached: a rerun sweeps again
+    failed = own_root / "artifacts" / "ref-small" / "gptq" / "serve.failed"
+    assert (failed / "requests.csv").is_file()  # every request kept, the failed ones among them
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_server_and_fails_the_stage(own_root):
+    card_file = own_root / "cards" / "ref-small.yaml"
+    card_file.write_text(card_file.read_text().replace("server:\n", "server:\n  engine: transformers\n", 1))
+    build = own_root / "artifacts" / "ref-small" / "int8"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines", "serve-bench", "--model", "ref-small", "--precision", "int8"],
+        cwd=REPO, env=root_env(own_root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while not any(
+        "Application startup complete" in p.read_text(errors="replace")
+        for p in build.glob("serve.partial-*/server.log")
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.5)
+    assert _processes_naming(str(build / "quantize" / "checkpoint"))  # the server runs
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr.strip().splitlines()[-1]
+    assert _processes_naming(str(build / "quantize" / "checkpoint")) == []  # stopped with its children
+    assert not (build / "serve" / "manifest.json").exists() and (build / "serve.failed").is_dir()
