@@ -320,25 +320,71 @@ def load_card(name: str) -> ModelCard:
     return parse_card(path)
 
 
+HUB_TIMEOUT_S = 10.0  # the hub must answer a revision lookup within this
+
+
 def resolve_weights(card: ModelCard) -> str:
-    """A local folder holding the base model's weights, or a clear error when it cannot be had."""
+    """A local folder holding the base model's safetensors weights, or a clear error when it cannot be had.
+
+    From the hub: the local cache first (no network), else one quick look at the hub endpoint before
+    downloading, since huggingface_hub's revision lookup has no timeout and waited minutes on an
+    endpoint that accepted the connection and never answered."""
     src = card.source
     if src.path is not None:
         folder = resolve_repo_path(src.path)
         if not (folder / "config.json").is_file():
             raise QevalError(f"model '{card.name}': no checkpoint at {folder} (source.path in its card)")
-        return str(folder)
+        return require_safetensors(card, folder)
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return snapshot_download(src.hub_id, revision=src.revision, allow_patterns=_WEIGHT_FILES)
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as e:
+        cached = snapshot_download(
+            src.hub_id, revision=src.revision, allow_patterns=_WEIGHT_FILES, local_files_only=True
+        )
+        return require_safetensors(card, Path(cached))
+    except QevalError:
+        raise
+    except Exception:  # not in the cache: fetch it, where the hub is allowed and answers
+        pass
+    unavailable = f"model '{card.name}': weights for {src.location} are not in the local cache"
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise QevalError(f"{unavailable} and the hub is off (HF_HUB_OFFLINE=1); download them where it is "
+                         f"reachable or set source.path to a local copy")  # fmt: skip
+    _check_hub(card, unavailable)
+    try:
+        folder = snapshot_download(src.hub_id, revision=src.revision, allow_patterns=_WEIGHT_FILES)
+    except Exception as e:  # httpx, requests and the hub's own errors alike: one line, the fix
+        raise QevalError(f"{unavailable} and the download failed ({type(e).__name__}); download them where the "
+                         f"hub is reachable or set source.path to a local copy") from None  # fmt: skip
+    return require_safetensors(card, Path(folder))
+
+
+def _check_hub(card: ModelCard, unavailable: str) -> None:
+    import httpx
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/api/models/{card.source.hub_id}/revision/{card.source.revision}"
+    try:
+        httpx.get(url, timeout=HUB_TIMEOUT_S, follow_redirects=True)
+    except httpx.HTTPError as e:
+        why = "no answer" if isinstance(e, httpx.TimeoutException) else type(e).__name__
         raise QevalError(
-            f"model '{card.name}': weights for {src.hub_id}@{src.revision} are not available offline "
-            f"and could not be downloaded ({type(e).__name__}); download them where the hub is reachable "
-            f"or set source.path to a local copy"
+            f"{unavailable} and the hub at {endpoint} did not answer within {HUB_TIMEOUT_S:g} s ({why}); check "
+            f"the network or HF_ENDPOINT, or set source.path to a local copy"
         ) from None
+
+
+def require_safetensors(card: ModelCard, folder: Path) -> str:
+    """The folder, if its weights are safetensors; a pickle (`*.bin`, `*.pt`) can run code when loaded."""
+    if any(folder.glob("*.safetensors")):
+        return str(folder)
+    pickles = sorted(p.name for p in (*folder.glob("*.bin"), *folder.glob("*.pt"), *folder.glob("*.pth")))
+    found = f" (it has {', '.join(pickles[:3])})" if pickles else ""
+    raise QevalError(
+        f"model '{card.name}': {folder} has no *.safetensors weights{found}; qeval loads safetensors only, "
+        f"as a pickle can run code when loaded: convert them (from_pretrained, then save_pretrained with "
+        f"safe_serialization=True) where you trust the file, and point the card at the result"
+    )
 
 
 def weights_identity(card: ModelCard, folder: str) -> str:

@@ -156,3 +156,45 @@ def test_sigterm_stops_the_server_and_fails_the_stage(own_root):
     assert "interrupted" in stderr.strip().splitlines()[-1]
     assert _processes_naming(str(build / "quantize" / "checkpoint")) == []  # stopped with its children
     assert not (build / "serve" / "manifest.json").exists() and (build / "serve.failed").is_dir()
+
+
+def _card(tmp_path: Path, name: str, source: str) -> dict[str, str]:
+    """A copy of ref-lm's card named `name` with another `source:` section, and the environment using it."""
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", f"name: {name}")
+    text = text.replace("source:\n  path: refmodel/ref-lm\n", source)
+    cards = tmp_path / "cards"
+    cards.mkdir(exist_ok=True)
+    (cards / f"{name}.yaml").write_text(text)
+    return env_with(QEVAL_WORKDIR=str(tmp_path), QEVAL_CARDS_DIR=str(cards), HF_HOME=str(tmp_path / "hf"))
+
+
+def test_a_pickle_checkpoint_is_refused_before_anything_loads_it(tmp_path):
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    for f in (REPO / "refmodel/ref-lm").iterdir():
+        if f.suffix != ".safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    (folder / "pytorch_model.bin").write_bytes(b"a pickle is never opened")
+    env = _card(tmp_path, "pickled", f"source:\n  path: {folder}\n")
+    done, seconds = _qeval("quantize", "--model", "pickled", "--precision", "bf16", env=env)
+    assert done.returncode == 2 and seconds < 30, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "has no *.safetensors weights (it has pytorch_model.bin)" in last and "safetensors only" in last
+    assert not (tmp_path / "artifacts" / "pickled" / "bf16" / "quantize" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("hub", ["nothing listening", "never answers"])
+def test_a_hub_that_cannot_be_reached_fails_fast(tmp_path, hub):
+    source = "source:\n  hub_id: acme/tiny-llama\n  revision: 0123456789abcdef0123456789abcdef01234567\n"
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        if hub == "never answers":
+            silent.listen(8)  # the kernel accepts; nobody answers
+        env = {**_card(tmp_path, "hubbed", source), "HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        env.pop("HF_HUB_OFFLINE", None)
+        done, seconds = _qeval("quantize", "--model", "hubbed", "--precision", "bf16", env=env)
+    assert done.returncode == 2 and seconds < 40, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "not in the local cache and the hub at http://127.0.0.1:" in last
+    assert ("no answer" if hub == "never answers" else "ConnectError") in last
+    assert len(done.stderr.strip().splitlines()) <= 3  # no traceback
