@@ -272,7 +272,17 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if not loc:
         return msg
-    return f"key '{key}': {msg} (got {err.get('input')!r})"
+    return f"key '{key}': {msg} (got {_shown(err.get('input'))})"
+
+
+def _shown(value: object) -> str:
+    """A wrong value as an error shows it: numbers and switches as they are, text by its length only (a
+    token typed into the wrong key must not reach a terminal or a CI log)."""
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    return f"a {type(value).__name__}"
 
 
 def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
@@ -290,8 +300,13 @@ def parse_card(path: Path) -> ModelCard:
     """Read and validate one card file; QevalError with one line on any problem."""
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise QevalError(f"{path}: cannot read model card: {str(e).splitlines()[0]}") from None
+    except OSError as e:
+        raise QevalError(f"{path}: cannot read model card: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise QevalError(f"{path}{where}: not valid YAML: {what}") from None
     if not isinstance(data, dict):
         raise QevalError(f"{path}: a model card is a YAML mapping of keys to values")
     try:
@@ -385,6 +400,24 @@ def require_safetensors(card: ModelCard, folder: Path) -> str:
         f"as a pickle can run code when loaded: convert them (from_pretrained, then save_pretrained with "
         f"safe_serialization=True) where you trust the file, and point the card at the result"
     )
+
+
+def missing_files(card: ModelCard) -> list[str]:
+    """The local files a card names that are not there (weights, architecture, calibration text, task
+    folder), each as one line: `qeval models` says so before a stage fails on it minutes later."""
+    problems = []
+    if card.source.path is not None:
+        try:
+            resolve_weights(card)
+        except QevalError as e:
+            problems.append(str(e))
+    named = [("source.config", card.source.config), ("accuracy.include_path", card.accuracy.include_path)]
+    if card.calibration is not None and card.calibration.dataset.endswith(".jsonl"):
+        named.append(("calibration.dataset", card.calibration.dataset))
+    for key, value in named:
+        if value is not None and not resolve_repo_path(value).exists():
+            problems.append(f"model '{card.name}': {key} {resolve_repo_path(value)} does not exist")
+    return problems
 
 
 def weights_identity(card: ModelCard, folder: str) -> str:

@@ -62,6 +62,10 @@ def run_child(
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
+    if (trace := out_dir / "traceback.txt").is_file():
+        with open(log_file, "ab") as log:
+            log.write(trace.read_bytes())
+        trace.unlink()
     if (out_dir / "error.json").is_file():
         raise ChildFailed(json.loads((out_dir / "error.json").read_text())["error"])
     if code != 0 or not (out_dir / "result.json").is_file():
@@ -79,8 +83,8 @@ def _main(argv: list[str]) -> int:
     config_type = next(iter(hints.values()))
     try:
         result = fn(config_type.model_validate_json(cfg_path.read_text()), out_dir)
-    except Exception as e:  # reported to the parent as one line; the traceback goes to the log
-        traceback.print_exc()
+    except Exception as e:  # reported to the parent as one line; the traceback goes to the log only
+        (out_dir / "traceback.txt").write_text(traceback.format_exc())
         (out_dir / "error.json").write_text(json.dumps({"error": f"{type(e).__name__}: {e}"}))
         return 2
     (out_dir / "result.json").write_text(result.model_dump_json(indent=2))

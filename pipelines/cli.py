@@ -130,6 +130,9 @@ def models(as_json: JsonOpt = False) -> None:
         except QevalError as e:
             problems.append(str(e))
             continue
+        if missing := cards_mod.missing_files(card):
+            problems.extend(missing)
+            continue
         src = card.source.location
         table.add_row(name, src, " ".join(card.precisions), " ".join(card.accuracy.tasks))
         listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})

@@ -194,6 +194,8 @@ def run_stage(
     digest = inputs_digest(inputs, code)
     final = build_dir(model, precision) / stage
     with _build_lock(model, precision):
+        for stale in final.parent.glob(f"{stage}.partial-*"):  # left by a killed run; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
         done = read_manifest(final, kind)
         if not force and done is not None and done.inputs_digest == digest:
             run_id = tracker.build_run(precision)
@@ -202,8 +204,6 @@ def run_stage(
             log.info("%s@%s %s: unchanged, skipped", model, precision, stage)
             return _record(done, "skipped", run_id, final)
 
-        for stale in final.parent.glob(f"{stage}.partial-*"):  # left by an interrupted run; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
         partial = final.with_name(f"{stage}.partial-{os.getpid()}")
         partial.mkdir(parents=True)
         started = datetime.now(UTC)

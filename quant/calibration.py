@@ -37,7 +37,7 @@ def read_texts(spec: CalibrationSpec) -> list[str]:
     if spec.dataset.endswith(".jsonl"):
         if not path.is_file():
             raise ValueError(f"calibration file {path} does not exist (calibration.dataset in the card)")
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = _jsonl_rows(path)
     else:
         import datasets
 
@@ -55,6 +55,22 @@ def read_texts(spec: CalibrationSpec) -> list[str]:
             raise ValueError(f"calibration data set {spec.dataset} has no field '{spec.text_field}'")
         texts.append(value if isinstance(value, str) else json.dumps(value))
     return texts
+
+
+def _jsonl_rows(path: Path) -> list[dict]:
+    """The objects of a JSONL file; a line that is not a JSON object is an error naming file and line."""
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not valid JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: each line must be a JSON object, not a {type(row).__name__}")
+        rows.append(row)
+    return rows
 
 
 def prepare(spec: CalibrationSpec, texts: list[str], encode) -> CalibrationSet:

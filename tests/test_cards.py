@@ -43,9 +43,9 @@ def test_unknown_key_is_named_with_a_suggestion(cards):
     assert "allowed here: batch_sizes, input_lengths" in msg
 
 
-def test_wrong_type_names_key_and_value(cards):
+def test_wrong_type_names_key_and_kind_of_value(cards):
     msg = _error(cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("repeats: 5", "repeats: many"))
-    assert "key 'speed.repeats'" in msg and "'many'" in msg
+    assert "key 'speed.repeats'" in msg and "(got a string of 4 characters)" in msg and "many" not in msg
 
 
 def test_missing_key(cards):
@@ -72,8 +72,19 @@ def test_name_must_match_file(cards):
 
 
 def test_malformed_yaml(cards):
-    assert "cannot read model card" in _error(cards, "name: [unclosed")
+    assert re.search(r"bad\.yaml:3:\d+: not valid YAML", _error(cards, "name: bad\ndescription: x\nspeed: [unclosed"))
     assert "YAML mapping" in _error(cards, "- just\n- a list\n")
+
+
+def test_a_wrong_value_is_described_not_echoed(cards):
+    token = "hf_" + "x" * 34  # pasted into the wrong key
+    message = _error(
+        cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("batch_size: 8", f"batch_size: {token}")
+    )
+    assert "accuracy.batch_size" in message and "a string of 37 characters" in message and token not in message
+    assert "(got 0)" in _error(
+        cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("batch_size: 8", "batch_size: 0")
+    )
 
 
 def test_unknown_model_lists_known_ones(cards):

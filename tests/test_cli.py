@@ -109,6 +109,9 @@ def test_unknown_task_fails_the_stage_with_a_suggestion(workdir, cards):
     assert "(did you mean 'refkjv_ppl'?)" in last
     assert not (workdir / "artifacts/typo/bf16/evaluate/manifest.json").exists()
     assert (workdir / "artifacts/typo/bf16/evaluate.failed/lm_eval.log").is_file()
+    # the child's traceback is in its log, not before the one-line error
+    assert "Traceback" in (workdir / "artifacts/typo/bf16/evaluate.failed/lm_eval.log").read_text()
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow  # starts lm-eval

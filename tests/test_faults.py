@@ -198,3 +198,14 @@ def test_a_hub_that_cannot_be_reached_fails_fast(tmp_path, hub):
     assert "not in the local cache and the hub at http://127.0.0.1:" in last
     assert ("no answer" if hub == "never answers" else "ConnectError") in last
     assert len(done.stderr.strip().splitlines()) <= 3  # no traceback
+
+
+def test_models_checks_the_files_a_card_names(tmp_path):
+    env = _card(tmp_path, "lost", "source:\n  path: refmodel/no-such-model\n")
+    text = (tmp_path / "cards" / "lost.yaml").read_text().replace("calibration.jsonl", "no-such.jsonl")
+    (tmp_path / "cards" / "lost.yaml").write_text(text)
+    done, seconds = _qeval("models", env=env)
+    assert done.returncode == 2 and seconds < 30, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "no checkpoint at" in last and "refmodel/no-such-model" in last
+    assert "calibration.dataset" in last and "no-such.jsonl does not exist" in last

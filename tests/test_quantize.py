@@ -195,5 +195,18 @@ def test_missing_weights_offline_is_one_clear_error(small_card, monkeypatch):
     card = small_card.model_copy(
         update={"source": small_card.source.model_copy(update={"path": None, "hub_id": "qeval-test/absent"})}
     )
-    with pytest.raises(QevalError, match=r"weights for qeval-test/absent@main are not available offline"):
+    with pytest.raises(QevalError, match=r"qeval-test/absent@main are not in the local cache and the hub is off"):
         quantize(card, "fp8", MemoryTracker(card.name))
+
+
+def test_a_malformed_calibration_line_names_its_file_and_line(tmp_path):
+    from quant.calibration import CalibrationSpec, read_texts
+
+    path = tmp_path / "calib.jsonl"
+    spec = CalibrationSpec(str(path), "train", "text", 4, 64)
+    path.write_text('{"text": "In the beginning"}\n\n{"text": "And the earth\n')
+    with pytest.raises(ValueError, match=rf"{path}:3: not valid JSON \(.*column \d+\)"):
+        read_texts(spec)
+    path.write_text('{"text": "In the beginning"}\n["a", "list"]\n')
+    with pytest.raises(ValueError, match=rf"{path}:2: each line must be a JSON object, not a list"):
+        read_texts(spec)

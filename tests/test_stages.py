@@ -124,3 +124,13 @@ def test_a_manifest_of_other_code_is_not_a_finished_stage(workdir):
     path.write_text(path.read_text().replace('"checkpoint_bytes"', '"bytes"'))
     assert finished("m", "bf16", Quantized) is None
     assert run_stage(MemoryTracker("m"), "bf16", Quantized, {"k": 1}, CODE, Work(1.0)).status == "done"
+
+
+def test_a_killed_runs_partial_folder_goes_even_when_the_stage_is_skipped(workdir):
+    tracker, work = MemoryTracker("m"), Work()
+    run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, work)
+    killed = stage_dir("m", "bf16", "quantize").with_name("quantize.partial-99999")  # a `--force` run, killed
+    killed.mkdir()
+    (killed / "weights.bin").write_bytes(b"x" * 1000)
+    assert run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, work).status == "skipped"
+    assert not killed.exists()
