@@ -118,7 +118,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         "trust_remote_code": cfg.trust_remote_code,
     }
     if backend == "hf":
-        model_args |= {"device": device, "softmax_dtype": cfg.softmax_dtype}
+        model_args |= {"device": device, "softmax_dtype": cfg.softmax_dtype, "use_safetensors": True}  # never a pickle
     elif backend == "vllm":
         model_args |= {"tensor_parallel_size": cfg.tensor_parallel}
     elif backend == "local-completions":
