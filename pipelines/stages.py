@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 from pipelines.errors import QevalError
 from pipelines.paths import REPO_ROOT, file_digest
 from pipelines.results import STAGES, CodeVersion, Manifest, StageResult, build_dir, read_manifest, write_manifest
-from pipelines.tracking import ParamsChanged, Tracker
+from pipelines.tracking import ParamsChanged, Tracker, store_error
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,10 @@ def _fail(tracker: Tracker, partial: Path, final: Path, precision: str, e: Excep
     failed = final.with_name(f"{final.name}.failed")
     shutil.rmtree(failed, ignore_errors=True)
     partial.rename(failed)
-    tracker.mark_failed(tracker.build_run(precision), final.name, error)
+    try:
+        tracker.mark_failed(tracker.build_run(precision), final.name, error)
+    except Exception as tagging:  # the store itself may be what failed; the error below says so
+        log.warning("could not tag the failure in MLflow: %s", store_error(tracker.uri, tagging))
     return QevalError(f"stage '{final.name}' failed for {tracker.model}@{precision}: {error} (log: {failed})")
 
 
@@ -230,6 +233,9 @@ def run_stage(
             result=result,
         )
         write_manifest(partial, manifest)
-        run_id = _log_to_run(tracker, manifest, partial)
+        try:
+            run_id = _log_to_run(tracker, manifest, partial)
+        except Exception as e:  # the store failed under us (read-only, full, gone): not done, one line
+            raise _fail(tracker, partial, final, precision, QevalError(store_error(tracker.uri, e))) from None
         _promote(partial, final)
         return _record(manifest, "done", run_id, final)

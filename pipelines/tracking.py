@@ -486,6 +486,23 @@ def redact(uri: str) -> str:
     return uri
 
 
+def store_error(uri: str, e: Exception) -> str:
+    """One line for an exception from the store: what went wrong and the fix, no credentials.
+
+    SQLAlchemy puts its autoflush advice first and SQLite's own reason after it; the reason is what a
+    user needs."""
+    text = scrub(str(e))
+    unwritable = ("readonly database", "read-only file system", "disk I/O error", "database or disk is full")
+    if found := next((u for u in unwritable if u.lower() in text.lower()), None):
+        return (
+            f"the MLflow store {redact(uri)} cannot be written ({found}: a read-only, full or immutable file); "
+            f"make it writable, or set MLFLOW_TRACKING_URI or QEVAL_WORKDIR to a writable place"
+        )
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = next((line for line in lines if "Error)" in line or "Error:" in line), lines[0] if lines else "")
+    return f"the MLflow store {redact(uri)} failed: {type(e).__name__}: {reason[:300]}"
+
+
 def scrub(text: str) -> str:
     """`text` with any credentials in URLs (`scheme://user:password@host`) replaced by ***."""
     return re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", text)

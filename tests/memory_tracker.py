@@ -45,6 +45,7 @@ class MemoryRun:
 class MemoryTracker:
     def __init__(self, model: str):
         self.model = model
+        self.uri = "memory"
         self.runs: dict[str, MemoryRun] = {}
         self.current: dict[str, str] = {}
         self.ship: dict[str, str] | None = None

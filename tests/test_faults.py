@@ -209,3 +209,27 @@ def test_models_checks_the_files_a_card_names(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert "no checkpoint at" in last and "refmodel/no-such-model" in last
     assert "calibration.dataset" in last and "no-such.jsonl does not exist" in last
+
+
+def test_a_store_that_turns_read_only_mid_stage_says_so(tmp_path, monkeypatch):
+    from pipelines.errors import QevalError
+    from pipelines.results import Quantized, finished
+    from pipelines.stages import run_stage
+    from pipelines.tracking import MlflowTracker
+
+    monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = MlflowTracker("m")
+    db = tmp_path / "mlruns" / "mlflow.db"
+
+    def work(out: Path) -> Quantized:  # the store turns read-only while the stage runs
+        if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+            pytest.skip("this file system cannot make a file immutable (chattr +i), which root needs here")
+        return Quantized(checkpoint="x", checkpoint_bytes=1, scheme="s")
+
+    try:
+        with pytest.raises(QevalError, match=r"cannot be written \(disk I/O error: a read-only, full or immutable"):
+            run_stage(tracker, "bf16", Quantized, {"k": 1}, [Path(__file__)], work)
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], capture_output=True)
+    assert finished("m", "bf16", Quantized) is None
