@@ -50,12 +50,8 @@ def answers(url: str, timeout: float = 5.0) -> bool:
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log_path: Path, what: str) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
+        if answers(url, timeout=2):
+            return
         if proc.poll() is not None:
             raise QevalError(f"{what} exited with status {proc.returncode} before it was healthy; see {log_path}")
         if time.monotonic() > deadline:

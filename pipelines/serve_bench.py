@@ -163,10 +163,11 @@ def serve_bench(
         timeout_s=srv.timeout_s,
     )
     scored, offline = _served_accuracy_plan(card, precision, checkpoint, engine)
+    version = f"{vllm.distribution} {vllm.version}" if vllm else None
     inputs = {
         "checkpoint": checkpoint_id,
         "engine": engine,
-        "engine_version": f"{vllm.distribution} {vllm.version}" if vllm else None,
+        "engine_version": version,
         "vllm": settings.model_dump() if settings else None,
         "url": url,
         "load": load.model_dump(),
@@ -183,8 +184,7 @@ def serve_bench(
         else:
             launch = _transformers(card, checkpoint, load), {}
         served = _sweep(card, precision, checkpoint, engine, settings, load, url, launch, scored, out)
-        if vllm is not None:
-            served = served.model_copy(update={"engine_version": f"{vllm.distribution} {vllm.version}"})
+        served = served.model_copy(update={"engine_version": version})
         if served.accuracy is not None and offline is not None:
             served = served.model_copy(update={"accuracy": _vs_offline(card, precision, served.accuracy, offline, out)})
         return served
