@@ -16,7 +16,7 @@ import eval.speed as speed
 from pipelines.cards import ModelCard, architecture_config, offline_env
 from pipelines.child import run_child
 from pipelines.errors import QevalError
-from pipelines.paths import file_digest
+from pipelines.paths import STAGE_LOG, file_digest
 from pipelines.results import Benched, Speedup, checkpoint_for, finished
 from pipelines.stages import StageRecord, run_stage
 from pipelines.tracking import Tracker
@@ -56,7 +56,7 @@ def bench(
 
     def work(out: Path) -> Benched:
         result = run_child(
-            "eval.engine:bench_engine", cfg, out, engine.EngineResult, out / "bench.log", offline_env(card)
+            "eval.engine:bench_engine", cfg, out, engine.EngineResult, out / STAGE_LOG, offline_env(card)
         )
         done = Benched(config=cfg, engine=result, input_len=s.input_len, output_len=s.output_len)
         return done.model_copy(update={"speedup": _speedup(baseline.result, done)}) if baseline else done

@@ -3,7 +3,9 @@
     python -m pipelines.child eval.accuracy:evaluate_accuracy CONFIG.json OUT_DIR
 
 The function takes (config, out_dir) and returns a pydantic model. The child writes result.json, or
-error.json with one line, into OUT_DIR; its output streams to the parent's stderr and to a log file.
+error.json with one line, into OUT_DIR; its output (third-party progress bars and warnings among it)
+goes to the stage's log file, and to the parent's stderr only with `qeval --verbose`; its latest line
+is the step that qeval's progress lines report (pipelines/progress.py).
 A fresh process per build keeps one build's weights, kernels and memory peak out of another's figures.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,6 +23,7 @@ from typing import TypeVar, get_type_hints
 
 from pydantic import BaseModel
 
+from pipelines import progress
 from pipelines.errors import QevalError
 from pipelines.paths import REPO_ROOT
 
@@ -46,14 +50,20 @@ def run_child(
         (out_dir / stale).unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pipelines.child", target, str(cfg_path), str(out_dir)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    echo = logging.getLogger().isEnabledFor(logging.DEBUG)
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
         try:
-            for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # progress bars pass through
-                sys.stderr.write(chunk.decode(errors="replace"))
-                sys.stderr.flush()
+            for chunk in iter(lambda: proc.stdout.read1(4096), b""):
                 log.write(chunk)
+                log.flush()
+                text = chunk.decode(errors="replace")
+                if latest := progress.last_line(text):
+                    progress.step(latest)
+                if echo:
+                    sys.stderr.write(text)
+                    sys.stderr.flush()
             code = proc.wait()
         except BaseException:  # interrupted (Ctrl-C, SIGTERM): the child goes too
             proc.terminate()

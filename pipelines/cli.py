@@ -29,8 +29,10 @@ from pipelines.errors import QevalError
 from pipelines.stages import StageRecord
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization evaluation pipeline.")
-out = Console()
-err = Console(stderr=True)
+# Written to a file or a pipe, Rich would cut tables at 80 columns: names a user must type get "…"; wide
+# enough, a table keeps its natural width.
+out = Console(width=None if sys.stdout.isatty() else 400)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="model card name (see `qeval models`)")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="redo stages even when their inputs are unchanged")]
@@ -43,12 +45,18 @@ def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug 
     # default. Children (quantize, evaluate, the UI server) inherit this environment.
     for var in ("MLFLOW_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY"):
         os.environ.setdefault(var, "true" if var.startswith("MLFLOW") else "1")
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)],
-        force=True,
-    )
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars are not qeval's progress
+    console: logging.Handler
+    if err.is_terminal:
+        console = RichHandler(console=err, show_path=False, rich_tracebacks=False)
+    else:  # a file or CI's log: plain lines, not Rich's columns padded to the console's width
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    console.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[console],
+                        force=True)  # fmt: skip
+    for ours in ("pipelines", "eval", "quant"):  # qeval's detail goes to each stage's log (pipelines/stages.py)
+        logging.getLogger(ours).setLevel(logging.DEBUG)
     # SIGTERM (CI runners, job schedulers) stops qeval as Ctrl-C does: every server and child it started is
     # stopped on the way out and the running stage ends as failed. SIGINT is restored too, for a qeval
     # started in the background by a non-interactive shell, which inherits it ignored.
@@ -85,6 +93,23 @@ def _records_table(records: list[StageRecord]) -> Table:
         table.add_column(col)
     for r in records:
         table.add_row(f"{r.model}@{r.precision}", r.stage, r.status, f"{r.seconds:.1f}", r.result.headline())
+    return table
+
+
+def _builds_table(records: list[StageRecord], decision) -> Table:
+    """`qeval run`'s closing table: one row per build, each stage's time (or "cached"), the verdict."""
+    from pipelines.progress import duration
+
+    stages = list(dict.fromkeys(r.stage for r in records))
+    verdicts = {b.precision: b.verdict + (", ships" if b.precision == decision.chosen else "") for b in decision.builds}
+    table = Table(title=f"{decision.model}: stages per build (time, or cached when inputs were unchanged)")
+    for col in ("build", *stages, "verdict"):
+        table.add_column(col)
+    for precision in dict.fromkeys(r.precision for r in records):
+        cells = {r.stage: duration(r.seconds) if r.status == "done" else "cached" for r in records
+                 if r.precision == precision}  # fmt: skip
+        verdict = verdicts.get(precision, "baseline")
+        table.add_row(precision, *(cells.get(st, "") for st in stages), verdict)
     return table
 
 
@@ -301,7 +326,7 @@ def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = 
 
     card = cards_mod.load_card(model)
     result = run_pipeline(card, _tracker(model), force=force)
-    out.print(_records_table(result.records))
+    out.print(_builds_table(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
     extra = {
         "model": model,
@@ -341,17 +366,27 @@ def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
 def ui(
     host: Annotated[str, typer.Option(help="address to bind; keep 127.0.0.1 unless you mean to share")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 5000,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="print only this model's address")] = None,
 ) -> None:
-    """Browse the runs in the MLflow UI (Ctrl-C stops it)."""
+    """Browse the runs in the MLflow UI (Ctrl-C stops it); prints each model's runs-table address."""
     from pipelines.procs import stop_process_group
-    from pipelines.tracking import redact, tracking_uri, ui_command
+    from pipelines.tracking import experiment_ids, redact, tracking_uri, ui_command, view_url
 
     with socket.socket() as probe:  # uvicorn would only log "address in use" and exit 0
         try:
             probe.bind((host, port))
         except OSError as e:
             raise QevalError(f"cannot listen on {host}:{port} ({e.strerror}); pick another with --port") from None
-    err.print(f"MLflow UI on http://{host}:{port} (store: {redact(tracking_uri())})", highlight=False)
+    base = f"http://{host}:{port}"
+    err.print(f"MLflow UI on {base} (store: {redact(tracking_uri())})", highlight=False)
+    ids = experiment_ids()
+    if model is not None and model not in ids:
+        raise QevalError(f"no runs of '{model}' in {redact(tracking_uri())}; run: qeval run --model {model}")
+    for name, experiment in ids.items():
+        if model in (None, name):  # the address a user opens: the runs table, with qeval's columns and charts
+            out.print(f"{name}: {view_url(base, experiment)}", highlight=False, soft_wrap=True)
+    if not ids:
+        err.print("the store has no qeval runs yet: run `make run` first", highlight=False)
     proc = subprocess.Popen(ui_command(host, port), start_new_session=True)
     try:
         code = proc.wait()

@@ -10,7 +10,7 @@ from eval.compare import recoveries
 from pipelines.cards import ModelCard, offline_env
 from pipelines.child import run_child
 from pipelines.errors import QevalError
-from pipelines.paths import REPO_ROOT, file_digest, resolve_repo_path
+from pipelines.paths import REPO_ROOT, STAGE_LOG, file_digest, resolve_repo_path
 from pipelines.results import Evaluated, Manifest, checkpoint_for, evaluation_settings, finished
 from pipelines.stages import StageRecord, run_stage
 from pipelines.tracking import Tracker
@@ -69,7 +69,7 @@ def _evaluate(
     out: Path,
 ) -> Evaluated:
     result = run_child(
-        "eval.accuracy:evaluate_accuracy", cfg, out, accuracy.AccuracyResult, out / "lm_eval.log", offline_env(card)
+        "eval.accuracy:evaluate_accuracy", cfg, out, accuracy.AccuracyResult, out / STAGE_LOG, offline_env(card)
     )
     for task in cfg.tasks:
         shown = ", ".join(f"{m.id}={m.value:.4g}" for m in result.scores.get(task, []))

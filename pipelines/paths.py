@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+STAGE_LOG = "stage.log"  # in each stage's folder: qeval's lines and its children's output, the run page's log
 
 
 def cards_dir() -> Path:

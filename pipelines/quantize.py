@@ -13,7 +13,7 @@ import quant.build as build_mod
 import quant.verify as verify
 from pipelines.cards import ModelCard, offline_env, resolve_weights, weights_identity
 from pipelines.child import run_child
-from pipelines.paths import file_digest, resolve_repo_path
+from pipelines.paths import STAGE_LOG, file_digest, resolve_repo_path
 from pipelines.results import Quantized, stage_dir
 from pipelines.stages import StageRecord, run_stage
 from pipelines.tracking import Tracker
@@ -90,18 +90,17 @@ def _build(
 ) -> Quantized:
     """Quantize in one child process, then check the saved checkpoint in another."""
     offline = offline_env(card)
-    made = run_child(
-        "quant.build:quantize_checkpoint", cfg, out, build_mod.QuantizeResult, out / "quantize.log", offline
-    )
+    made = run_child("quant.build:quantize_checkpoint", cfg, out, build_mod.QuantizeResult, out / STAGE_LOG, offline)
     checkpoint = out / build_mod.CHECKPOINT_DIR
     shutil.copy(checkpoint / "recipe.yaml", out / "recipe.yaml")  # logged; the weights are not
     here = check.model_copy(update={"checkpoint": str(checkpoint)})
-    proof = run_child("quant.verify:verify_checkpoint", here, out, verify.VerifyResult, out / "verify.log", offline)
+    proof = run_child("quant.verify:verify_checkpoint", here, out, verify.VerifyResult, out / STAGE_LOG, offline)
     final = stage_dir(card.name, cfg.precision, Quantized.STAGE) / build_mod.CHECKPOINT_DIR  # once in place
     return Quantized(
         checkpoint=str(final),
         checkpoint_bytes=made.checkpoint_bytes,
         scheme=scheme,
+        source=card.source.location,
         config=cfg,
         build=made,
         verify=check.model_copy(update={"checkpoint": str(final)}),

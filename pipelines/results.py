@@ -82,7 +82,7 @@ class Quantized(StageResult):
     checkpoint: str = Field(description="folder holding the weights")
     checkpoint_bytes: int = Field(description="bytes of the weight files")
     scheme: str = Field(description="what the precision is, with the card's group size")
-    source: str | None = Field(None, description="the baseline: where its weights come from")
+    source: str | None = Field(None, description="where the baseline's weights come from (every build's base)")
     config: QuantizeConfig | None = Field(None, description="how it was built (None: the baseline)")
     build: QuantizeResult | None = None
     verify: VerifyConfig | None = Field(None, description="how the build was checked against the baseline")

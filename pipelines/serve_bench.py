@@ -30,6 +30,7 @@ from pipelines.cards import ModelCard, offline_env
 from pipelines.child import run_child
 from pipelines.errors import QevalError
 from pipelines.gate_inputs import paired
+from pipelines.paths import STAGE_LOG
 from pipelines.procs import answers, running
 from pipelines.results import (
     Evaluated,
@@ -322,7 +323,7 @@ def _sweep(
                 cfg = scored.model_copy(update={"base_url": base})
                 where = out / SERVED_DIR
                 result = run_child("eval.accuracy:evaluate_accuracy", cfg, where, accuracy.AccuracyResult,
-                                   where / "lm_eval.log", offline_env(card))  # fmt: skip
+                                   out / STAGE_LOG, offline_env(card))  # fmt: skip
     serving.write_csv(records, out / "requests.csv")
     served = _served(engine, load, card, records, slo, ceiling)
     if settings is not None:

@@ -11,17 +11,21 @@ measured decode speed.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import eval.gpus as gpus
 import eval.sizing as sizing
 import quant.precisions as precisions
+from pipelines import present
 from pipelines.cards import ModelCard, architecture_config
 from pipelines.errors import QevalError
 from pipelines.paths import file_digest
 from pipelines.results import BenchCheck, Benched, Quantized, Sized, finished
 from pipelines.stages import StageRecord, run_stage
 from pipelines.tracking import Tracker
+
+log = logging.getLogger(__name__)
 
 
 def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
@@ -101,6 +105,11 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
         fits = fits_table(card, [precision], card.sizing_gpus, batch=s.largest_batch, input_len=s.input_len,
                           output_len=s.output_len)  # fmt: skip
         (out / "fits.json").write_text(json.dumps([f.__dict__ for f in fits], indent=2) + "\n")
+        for f in fits:
+            fit = "fits" if f.fits else (f"fits on {f.tensor_parallel} (TP)" if f.tensor_parallel else "does not fit")
+            log.debug("%s@%s on %s: %s, %s at batch %d, %s sequences at most, decode <= %.0f tok/s per user",
+                     card.name, precision, f.gpu, fit, present.size(f.total_gb), s.largest_batch,
+                     present.count(f.max_sequences), f.decode_tps_per_user)  # fmt: skip
         projected = sizing.weight_bytes(shape, precision, group)
         return Sized(
             batch=s.largest_batch,

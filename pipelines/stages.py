@@ -26,8 +26,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from pipelines import progress
 from pipelines.errors import QevalError
-from pipelines.paths import REPO_ROOT, file_digest
+from pipelines.paths import REPO_ROOT, STAGE_LOG, file_digest
 from pipelines.results import STAGES, CodeVersion, Manifest, StageResult, build_dir, read_manifest, write_manifest
 from pipelines.tracking import ParamsChanged, Tracker, store_error
 
@@ -132,7 +133,8 @@ def _capture_log(path: Path) -> Iterator[None]:
 
 def _files(folder: Path, manifest: Manifest) -> list[Path]:
     unlogged = type(manifest.result).UNLOGGED
-    return [p for p in sorted(folder.iterdir()) if p.name not in unlogged]
+    empty = [p for p in folder.iterdir() if p.is_file() and p.stat().st_size == 0]  # e.g. a stage that logged nothing
+    return [p for p in sorted(folder.iterdir()) if p.name not in unlogged and p not in empty]
 
 
 def _log_to_run(tracker: Tracker, manifest: Manifest, folder: Path) -> str:
@@ -211,9 +213,15 @@ def run_stage(
         partial.mkdir(parents=True)
         started = datetime.now(UTC)
         t0 = time.perf_counter()
-        log.info("%s@%s %s: running", model, precision, stage)
+        expected = progress.estimate(model, stage, done.seconds if done else None)
+        about = f" (about {progress.duration(expected)})" if expected else ""
+        log.info("%s@%s %s: running%s; log: %s", model, precision, stage, about, final / STAGE_LOG)
+        (partial / STAGE_LOG).write_text(
+            f"{started.isoformat(timespec='seconds')} {model}@{precision} {stage}: inputs digest {digest}, "
+            f"code {code_version().commit}{' (uncommitted changes)' if code_version().dirty else ''}\n"
+        )
         try:
-            with _capture_log(partial / "stage.log"):
+            with _capture_log(partial / STAGE_LOG), progress.heartbeat(f"{model}@{precision} {stage}", expected):
                 result = work(partial)
         except Exception as e:
             raise _fail(tracker, partial, final, precision, e) from e
@@ -238,4 +246,5 @@ def run_stage(
         except Exception as e:  # the store failed under us (read-only, full, gone): not done, one line
             raise _fail(tracker, partial, final, precision, QevalError(store_error(tracker.uri, e))) from None
         _promote(partial, final)
+        progress.finished(model, stage, manifest.seconds)
         return _record(manifest, "done", run_id, final)

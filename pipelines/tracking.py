@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from pipelines import present
 from pipelines.errors import QevalError
 from pipelines.paths import mlruns_dir
 from pipelines.results import (
@@ -48,18 +49,21 @@ log = logging.getLogger(__name__)
 
 # ---- names ------------------------------------------------------------------------------------------
 
-EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")  # opens the UI on the runs table
+EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+# Set by qeval for MLflow's own UI: the run's note ("Description"), the colour its dot and chart lines get,
+# and a saved view of the runs page (columns and charts) that `qeval ui`'s link opens.
+TAG_DESCRIPTION, TAG_RUN_COLOUR = "mlflow.note.content", "mlflow.runColor"
+VIEW_KEY = "qeval"
+TAG_VIEW = "mlflow.sharedViewState." + VIEW_KEY
+PARAM_PRECISION = "precision"
 TAG_MODEL, TAG_PRECISION = "qeval.model", "qeval.precision"
 TAG_KIND, KIND_SUMMARY = "qeval.kind", "summary"
 TAG_SUPERSEDED = "qeval.superseded_by"
 TAG_VERDICT, TAG_REASONS, TAG_CHOSEN = "qeval.gate.verdict", "qeval.gate.reasons", "qeval.gate.chosen"
 TAG_SHIPS = "qeval.chosen"  # on the summary run: the precision that ships, or none
 TAG_COMMIT, TAG_DIRTY = "mlflow.source.git.commit", "qeval.git_dirty"
-TAG_STAGE, TAG_STAGE_DIGEST, TAG_STAGE_ERROR = (
-    "qeval.stage.{stage}",
-    "qeval.stage.{stage}.digest",
-    "qeval.stage.{stage}.error",
-)
+TAG_STAGE, TAG_STAGE_ERROR = "qeval.stage.{stage}", "qeval.stage.{stage}.error"
+TAG_DIGESTS = "qeval.digests"  # {stage: cache key} as JSON: one tag, not one per stage in the run page's tags
 SHIP_ALIAS = "ship"
 _MAX_TAG = 5000  # MLflow's limit on a tag value is 8000 characters; keep errors well inside it.
 
@@ -104,7 +108,7 @@ SERVE_METRICS: dict[str, Getter] = {
     "server/generator_ceiling_chunks_s": lambda s: s.generator_ceiling.chunks_per_s,
     "server/served_accuracy_differs": lambda s: s.accuracy and len(s.accuracy.findings),
 }
-_LATENCY = [f"{m}_p{q}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") for q in (50, 90, 99)]
+_LATENCY = [f"{m}_p{q}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") for q in (50, 90, 95, 99)]
 _THROUGHPUT = ["output_tps", "output_tps_per_user", "request_tps", "goodput_rps", "slo_attainment", "failed", "bursts"]
 SERVE_SERIES: dict[str, Getter] = {  # step = concurrency
     f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT
@@ -129,6 +133,9 @@ GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
     "gate/recovery_worst": lambda b: b.worst_task()[1].recovery[0] if b.tasks else 1.0,
     "gate/recovery_worst_lower": lambda b: b.worst_task()[1].recovery[1] if b.tasks else None,
     "gate/speedup": lambda b: b.speedup,
+    "gate/speed": lambda b: b.speed.speed,  # the figure the speed rule used, in the card's regime
+    "gate/weights_gb": lambda b: b.speed.weights_gb,
+    "gate/peak_gb": lambda b: b.speed.peak_gb,
     "gate/decode_tps": lambda b: b.speed.decode_tps,
     "gate/goodput_rps": lambda b: b.speed.goodput,
     "gate/users_at_slo": lambda b: b.speed.users_at_slo,
@@ -276,11 +283,12 @@ NAMES: dict[str, list[str]] = {
         *QUANTIZE_SETTINGS.values(), *VERIFY_SETTINGS.values(), *EVAL_SETTINGS.values(), *ENGINE_SETTINGS.values(),
         *LOAD_SETTINGS.values(), *VLLM_SETTINGS.values(), *QUANTIZE_PARAMS, *EVAL_PARAMS, *BENCH_PARAMS,
         *SERVE_PARAMS, *SIZE_PARAMS,
-        _templated(GATE_PARAM),
+        _templated(GATE_PARAM), PARAM_PRECISION,
     }),
     "tags": [
+        TAG_DESCRIPTION, TAG_RUN_COLOUR,
         TAG_MODEL, TAG_PRECISION, TAG_KIND, TAG_SUPERSEDED, TAG_VERDICT, TAG_REASONS, TAG_CHOSEN, TAG_SHIPS,
-        TAG_COMMIT, TAG_DIRTY, *(_templated(t) for t in (TAG_STAGE, TAG_STAGE_DIGEST, TAG_STAGE_ERROR)),
+        TAG_COMMIT, TAG_DIRTY, TAG_DIGESTS, *(_templated(t) for t in (TAG_STAGE, TAG_STAGE_ERROR)), TAG_VIEW,
     ],
 }  # fmt: skip
 
@@ -397,8 +405,9 @@ def _served(result: Served) -> dict[str, float]:
 
 
 def verdict_metrics(build: BuildVerdict) -> dict[str, float]:
-    """A build's headline figures under the gate (`gate/*`), for the runs table."""
-    return _finite(_numbers(GATE_METRICS, build))
+    """A build's headline figures under the gate (`gate/*`), for the runs table: four significant digits,
+    which is what a table cell shows whole (gate.json and the `eval/*` metrics keep every digit)."""
+    return {k: float(f"{v:.4g}") for k, v in _finite(_numbers(GATE_METRICS, build)).items()}
 
 
 def baseline_metrics(baseline: Measured) -> dict[str, float]:
@@ -407,15 +416,20 @@ def baseline_metrics(baseline: Measured) -> dict[str, float]:
     return verdict_metrics(build)
 
 
-def verdict_tags(build: BuildVerdict | None) -> dict[str, str]:
-    """A build's verdict and its reasons, one per line (None: the baseline); register_ship marks the chosen."""
+def verdict_tags(decision: Decision, build: BuildVerdict | None) -> dict[str, str]:
+    """A build's verdict, its reasons (one per line) and its one-line summary as the run's description
+    (None: the baseline); register_ship marks the chosen."""
+    precision = build.precision if build else decision.policy.baseline  # the colour too, for runs made before it
+    note = {TAG_DESCRIPTION: present.summary(decision, build), TAG_RUN_COLOUR: present.precision_colour(precision)}
     if build is None:
-        return {TAG_VERDICT: "BASELINE", TAG_REASONS: "the baseline every build is compared with"}
-    return {TAG_VERDICT: build.verdict, TAG_REASONS: "\n".join(build.reasons)[:_MAX_TAG], TAG_CHOSEN: "false"}
+        return {TAG_VERDICT: "BASELINE", TAG_REASONS: "the baseline every build is compared with", **note}
+    reasons = "\n".join(build.reasons)[:_MAX_TAG]
+    return {TAG_VERDICT: build.verdict, TAG_REASONS: reasons, TAG_CHOSEN: "false", **note}
 
 
 def summary_tags(decision: Decision) -> dict[str, str]:
-    return {TAG_SHIPS: decision.chosen or "none", **code_tags(decision.code)}
+    ships = f"Ships {decision.chosen}: {decision.why}." if decision.chosen else f"Nothing ships: {decision.why}."
+    return {TAG_SHIPS: decision.chosen or "none", TAG_DESCRIPTION: ships, **code_tags(decision.code)}
 
 
 def decision_params(decision: Decision) -> dict[str, str]:
@@ -430,8 +444,71 @@ def code_tags(code: CodeVersion) -> dict[str, str]:
     return {TAG_COMMIT: code.commit, TAG_DIRTY: str(code.dirty).lower()}
 
 
-def stage_tags(stage: str, digest: str, code: CodeVersion) -> dict[str, str]:
-    return {TAG_STAGE.format(stage=stage): "done", TAG_STAGE_DIGEST.format(stage=stage): digest, **code_tags(code)}
+def stage_tags(stage: str, digest: str, code: CodeVersion, digests: str | None = None) -> dict[str, str]:
+    """A finished stage's tags; `digests`: the run's TAG_DIGESTS so far, to which this stage's is added."""
+    known = {**json.loads(digests or "{}"), stage: digest}
+    return {TAG_STAGE.format(stage=stage): "done", TAG_DIGESTS: json.dumps(known, sort_keys=True), **code_tags(code)}
+
+
+def stage_digest(tags: Mapping[str, str], stage: str) -> str | None:
+    """The cache key a run's tags record for a finished stage."""
+    return json.loads(tags.get(TAG_DIGESTS) or "{}").get(stage)
+
+
+def build_run_tags(model: str, precision: str) -> dict[str, str]:
+    return {TAG_MODEL: model, TAG_PRECISION: precision, TAG_RUN_COLOUR: present.precision_colour(precision)}
+
+
+def runs_view() -> dict[str, Any]:
+    """The runs page as a decision needs it, stored as MLflow's shared view (experiment tag TAG_VIEW) and
+    opened by `view_url()`: the decision's columns in the table, and charts of quality against weights and
+    speed. The keys are the UI's own view state (MLflow 3.17, experiment page: "selectedColumns",
+    "compareRunCharts" with chart types SCATTER, BAR and PARALLEL)."""
+    section = "qeval-decision"
+    columns = [
+        "attributes.`Description`",
+        f"params.`{PARAM_PRECISION}`",
+        f"tags.`{TAG_VERDICT}`",
+        *(f"metrics.`{m}`" for m in ("gate/recovery_worst", "gate/recovery_worst_lower", "gate/weights_gb",
+                                      "gate/speed", "gate/users_at_slo")),
+    ]  # fmt: skip
+
+    def chart(uuid: str, kind: str, name: str, **spec: Any) -> dict[str, Any]:
+        return {"uuid": uuid, "type": kind, "displayName": name, "metricSectionId": section, "deleted": False,
+                "isGenerated": False, "runsCountToCompare": 100, **spec}  # fmt: skip
+
+    def axis(metric: str) -> dict[str, str]:
+        return {"key": metric, "type": "METRIC"}
+
+    charts = [
+        chart("qeval-quality-weights", "SCATTER", "worst recovery against weights (GB)",
+              xaxis=axis("gate/weights_gb"), yaxis=axis("gate/recovery_worst")),
+        chart("qeval-quality-speed", "SCATTER", "worst recovery against the gate's speed figure",
+              xaxis=axis("gate/speed"), yaxis=axis("gate/recovery_worst")),
+        chart("qeval-users", "BAR", "concurrent users within the latency objective", metricKey="gate/users_at_slo"),
+        chart("qeval-parallel", "PARALLEL", "precision, quality, weights, speed", selectedParams=[PARAM_PRECISION],
+              selectedMetrics=["gate/recovery_worst", "gate/weights_gb", "gate/speed"]),  # every regime has these
+    ]  # fmt: skip
+    sections = [{"uuid": section, "name": "qeval: the decision", "display": True, "isReordered": True,
+                 "deleted": False, "isGenerated": False}]  # fmt: skip
+    fixed = ["attributes.`Run Name`", "runDateAndNestInfo", "duration"]  # the UI's own column ids
+    return {
+        "selectedColumns": columns,
+        "columnOrder": fixed + columns,
+        "columnWidths": {"attributes.`Description`": 380},  # the UI shows 50 characters of it
+        "runsHiddenMode": "SHOW_ALL",
+        "compareRunCharts": charts,
+        "compareRunSections": sections,
+        "isAccordionReordered": True,
+        "hideEmptyCharts": True,
+    }
+
+
+def view_url(base: str, experiment_id: str) -> str:
+    """The runs table of an experiment with qeval's view, in the MLflow UI at `base`: the experiment's own
+    page opens MLflow's GenAI overview; `workflowType=machine_learning` opens the runs table instead."""
+    query = f"workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
 
 
 def tracking_uri() -> str:
@@ -508,6 +585,20 @@ def scrub(text: str) -> str:
     return re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", text)
 
 
+def experiment_ids() -> dict[str, str]:
+    """Model -> experiment id, for every qeval experiment in the store (none when there is no store yet)."""
+    uri = without_credentials(tracking_uri())
+    db = _sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return {}
+    from mlflow.tracking import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    prefix = experiment_name("")
+    found = MlflowClient(tracking_uri=uri).search_experiments(filter_string=f"name LIKE '{prefix}%'")
+    return {e.name.removeprefix(prefix): e.experiment_id for e in sorted(found, key=lambda e: e.name)}
+
+
 def ui_command(host: str, port: int | str) -> list[str]:
     """The command that serves the MLflow UI over the store."""
     uri = tracking_uri()
@@ -576,22 +667,28 @@ class MlflowTracker:
 
     def _experiment(self) -> str:
         name = experiment_name(self.model)
+        view = json.dumps(runs_view(), sort_keys=True)
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
+            if exp.tags.get(TAG_VIEW) != view:  # a store made by an earlier qeval gets this one's view
+                self.client.set_experiment_tag(exp.experiment_id, TAG_VIEW, view)
             return exp.experiment_id
         db = _sqlite_path(self.uri)
         location = str(db.parent / "artifacts" / self.model) if db is not None else None
-        return self.client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND_TAG]))
+        return self.client.create_experiment(
+            name, artifact_location=location, tags=dict([EXPERIMENT_KIND_TAG, (TAG_VIEW, view)])
+        )
 
     def build_run(self, precision: str, *, new: bool = False) -> str:
         """The id of the current run of build `<model>@<precision>`, created when missing or `new`."""
-        return self._current_run(TAG_PRECISION, precision, run_name(self.model, precision), new)
+        tags = build_run_tags(self.model, precision)
+        return self._current_run(TAG_PRECISION, precision, run_name(self.model, precision), new, tags)
 
     def summary_run(self, *, new: bool = False) -> str:
         """The model's gate-and-report run (policy, decision, charts), beside the one run per build."""
-        return self._current_run(TAG_KIND, KIND_SUMMARY, summary_run_name(self.model), new)
+        return self._current_run(TAG_KIND, KIND_SUMMARY, summary_run_name(self.model), new, {TAG_MODEL: self.model})
 
-    def _current_run(self, tag: str, value: str, name: str, new: bool) -> str:
+    def _current_run(self, tag: str, value: str, name: str, new: bool, tags: dict[str, str]) -> str:
         with _store_lock(self.uri):
             runs = self.client.search_runs(
                 [self.experiment_id], filter_string=f"tags.`{tag}` = '{value}'", order_by=["attributes.start_time DESC"]
@@ -599,7 +696,7 @@ class MlflowTracker:
             current = next((r.info.run_id for r in runs if TAG_SUPERSEDED not in r.data.tags), None)
             if current is not None and not new:
                 return current
-            run = self.client.create_run(self.experiment_id, run_name=name, tags={TAG_MODEL: self.model, tag: value})
+            run = self.client.create_run(self.experiment_id, run_name=name, tags={**tags, tag: value})
             if current is not None:  # kept, restorable, under the UI's "State: Deleted"
                 self.client.set_tag(current, TAG_SUPERSEDED, run.info.run_id)
                 self.client.delete_run(current)
@@ -607,10 +704,7 @@ class MlflowTracker:
 
     def stage_is_logged(self, run_id: str, stage: str, digest: str) -> bool:
         tags = self.client.get_run(run_id).data.tags
-        return (
-            tags.get(TAG_STAGE.format(stage=stage)) == "done"
-            and tags.get(TAG_STAGE_DIGEST.format(stage=stage)) == digest
-        )
+        return tags.get(TAG_STAGE.format(stage=stage)) == "done" and stage_digest(tags, stage) == digest
 
     def _batch(self, run_id: str, metrics=None, series=None, params=None, tags=None) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -634,9 +728,14 @@ class MlflowTracker:
         if any(k in data.params and data.params[k] != v for k, v in out.params.items()):
             raise ParamsChanged(stage)
         try:
-            new_params = {k: v for k, v in out.params.items() if k not in data.params}
+            params = {PARAM_PRECISION: manifest.precision, **out.params}
+            new_params = {k: v for k, v in params.items() if k not in data.params}
             self._batch(
-                run_id, out.metrics, out.series, new_params, stage_tags(stage, manifest.inputs_digest, manifest.code)
+                run_id,
+                out.metrics,
+                out.series,
+                new_params,
+                stage_tags(stage, manifest.inputs_digest, manifest.code, data.tags.get(TAG_DIGESTS)),
             )
             if out.datasets:
                 self.client.log_inputs(
@@ -673,10 +772,12 @@ class MlflowTracker:
     def log_verdicts(self, decision: Decision) -> None:
         """The gate's verdict on every build (tags and `gate/*` metrics), the baseline's too."""
         self._batch(
-            self.build_run(decision.policy.baseline), baseline_metrics(decision.baseline), tags=verdict_tags(None)
+            self.build_run(decision.policy.baseline),
+            baseline_metrics(decision.baseline),
+            tags=verdict_tags(decision, None),
         )
         for b in decision.builds:
-            self._batch(self.build_run(b.precision), verdict_metrics(b), tags=verdict_tags(b))
+            self._batch(self.build_run(b.precision), verdict_metrics(b), tags=verdict_tags(decision, b))
 
     def register_ship(self, run_id: str, source: str, why: str) -> dict[str, str]:
         """Register the chosen build as a version of `qeval-<model>` and point alias `ship` at it.

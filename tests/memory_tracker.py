@@ -13,10 +13,11 @@ from pathlib import Path
 
 from pipelines.results import Decision, Manifest
 from pipelines.tracking import (
+    PARAM_PRECISION,
     SHIP_ALIAS,
     TAG_CHOSEN,
+    TAG_DIGESTS,
     TAG_STAGE,
-    TAG_STAGE_DIGEST,
     TAG_STAGE_ERROR,
     ParamsChanged,
     baseline_metrics,
@@ -24,6 +25,7 @@ from pipelines.tracking import (
     logged,
     registered_model_name,
     run_name,
+    stage_digest,
     stage_tags,
     summary_run_name,
     summary_tags,
@@ -64,7 +66,7 @@ class MemoryTracker:
         return self.current[name]
 
     def stage_is_logged(self, run_id: str, stage: str, digest: str) -> bool:
-        return self.runs[run_id].tags.get(TAG_STAGE_DIGEST.format(stage=stage)) == digest
+        return stage_digest(self.runs[run_id].tags, stage) == digest
 
     def log_stage(self, run_id: str, manifest: Manifest, files: Iterable[Path]) -> None:
         run, out = self.runs[run_id], logged(manifest.result)
@@ -73,7 +75,8 @@ class MemoryTracker:
         run.metrics |= out.metrics
         run.series |= out.series
         run.params |= out.params
-        run.tags |= stage_tags(manifest.stage, manifest.inputs_digest, manifest.code)
+        run.tags |= stage_tags(manifest.stage, manifest.inputs_digest, manifest.code, run.tags.get(TAG_DIGESTS))
+        run.params.setdefault(PARAM_PRECISION, manifest.precision)
         run.files += [f"{manifest.stage}/{p.name}" for p in files]
 
     def mark_failed(self, run_id: str, stage: str, error: str) -> None:
@@ -81,10 +84,10 @@ class MemoryTracker:
 
     def log_verdicts(self, decision: Decision) -> None:
         base = self.run(decision.policy.baseline)
-        base.tags |= verdict_tags(None)
+        base.tags |= verdict_tags(decision, None)
         base.metrics |= baseline_metrics(decision.baseline)
         for b in decision.builds:
-            self.run(b.precision).tags |= verdict_tags(b)
+            self.run(b.precision).tags |= verdict_tags(decision, b)
             self.run(b.precision).metrics |= verdict_metrics(b)
 
     def register_ship(self, run_id: str, source: str, why: str) -> dict[str, str]:

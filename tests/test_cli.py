@@ -108,9 +108,9 @@ def test_unknown_task_fails_the_stage_with_a_suggestion(workdir, cards):
     assert last.startswith("qeval: error: stage 'evaluate' failed for typo@bf16: ValueError: unknown lm-eval task")
     assert "(did you mean 'refkjv_ppl'?)" in last
     assert not (workdir / "artifacts/typo/bf16/evaluate/manifest.json").exists()
-    assert (workdir / "artifacts/typo/bf16/evaluate.failed/lm_eval.log").is_file()
+    assert (workdir / "artifacts/typo/bf16/evaluate.failed/stage.log").is_file()
     # the child's traceback is in its log, not before the one-line error
-    assert "Traceback" in (workdir / "artifacts/typo/bf16/evaluate.failed/lm_eval.log").read_text()
+    assert "Traceback" in (workdir / "artifacts/typo/bf16/evaluate.failed/stage.log").read_text()
     assert "Traceback" not in proc.stderr
 
 

@@ -12,9 +12,10 @@ from conftest import REPO, env_with, last_json_line, root_env
 from eval.accuracy import leaves
 from eval.stats import compare
 from pipelines.cards import Gate
+from pipelines.charts import pareto
 from pipelines.gate import choose, combine, memory_rule, speed_rule, task_rule
 from pipelines.gate_inputs import task_threshold
-from pipelines.report import pareto
+from pipelines.present import precision_colour
 from pipelines.results import FAIL, INCONCLUSIVE, NOT_GATED, PASS, BuildVerdict, Measured
 
 
@@ -161,6 +162,16 @@ def test_gate_ships_a_build_and_registers_it(own_root):
     assert run.data.tags["qeval.precision"] == decision["chosen"]
     assert run.data.tags["qeval.gate.verdict"] == PASS
     assert "refkjv_ppl: bits_per_byte recovery" in run.data.tags["qeval.gate.reasons"]
+    # what the runs table shows without set-up: the precision, its colour, and a description with the verdict
+    assert run.data.params["precision"] == decision["chosen"]
+    assert run.data.tags["mlflow.runColor"] == precision_colour(decision["chosen"])
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith("PASS, SHIPS: ") and " · recovery " in note and note.endswith(("(native)", "(emulated)"))
+    chosen = next(b for b in decision["builds"] if b["precision"] == decision["chosen"])
+    assert run.data.metrics["gate/weights_gb"] == pytest.approx(chosen["speed"]["weights_gb"])
+    experiment = client.get_experiment(run.info.experiment_id)
+    view = json.loads(experiment.tags["mlflow.sharedViewState.qeval"])
+    assert view["selectedColumns"][0] == "attributes.`Description`"
 
     # the report draws the decision the gate made, not one of its own
     shown = _gate_cli(own_root, "report", "--model", "ref-small")

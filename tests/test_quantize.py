@@ -163,7 +163,7 @@ def test_too_small_calibration_set_is_refused(own_root):
     card = load_card("ref-small")
     with pytest.raises(QevalError, match=r"has 59 usable samples .*calibration.num_samples asks for 500"):
         quantize(card, "gptq", MemoryTracker(card.name), num_samples=500)
-    assert (own_root / "artifacts/ref-small/gptq/quantize.failed/quantize.log").is_file()
+    assert (own_root / "artifacts/ref-small/gptq/quantize.failed/stage.log").is_file()
     assert finished("ref-small", "gptq", Quantized) is not None  # the earlier build stays
 
 

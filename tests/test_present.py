@@ -1,0 +1,57 @@
+"""How figures read: units, colours, progress lines."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pipelines import present, progress
+from pipelines.tracking import NAMES, PARAM_PRECISION, runs_view
+
+
+def test_sizes_counts_and_times_read_in_sensible_units():
+    assert present.size(0.006653) == "6.65 MB"
+    assert present.size(16.06) == "16.1 GB"
+    assert present.size(141.0) == "141 GB"
+    assert present.count(155_068) == "> 10,000"
+    assert present.count(1024) == "1,024"
+    assert present.ms(0.00154) == "< 0.01"
+    assert present.ms(12.345) == "12.3"
+
+
+def test_a_precision_has_one_colour_and_precisions_differ():
+    shown = {p: present.precision_colour(p) for p in ("bf16", "fp8", "int8", "awq", "gptq", "w8a16", "nvfp4")}
+    assert len(set(list(shown.values())[:5])) == 5  # the five the pipeline builds never share a colour
+    assert present.precision_colour("awq") == present.precision_colour("awq")
+
+
+def test_the_runs_view_names_only_what_qeval_logs():
+    view = runs_view()
+    metrics = set(NAMES["metrics"])
+    for column in view["selectedColumns"]:
+        kind, name = column.split(".", 1)
+        name = name.strip("`")
+        known = {"metrics": metrics, "params": set(NAMES["params"]), "tags": set(NAMES["tags"])}
+        assert name in known.get(kind, {"Description"}), column
+    for chart in view["compareRunCharts"]:
+        used = [chart.get("metricKey"), *(chart.get(a, {}).get("key") for a in ("xaxis", "yaxis"))]
+        used += chart.get("selectedMetrics", [])
+        assert {u for u in used if u} <= metrics, chart["displayName"]
+        assert set(chart.get("selectedParams", [])) <= {PARAM_PRECISION}
+
+
+def test_progress_lines_say_elapsed_estimate_and_step(caplog):
+    assert progress.line("m@awq quantize", 75, 180, "GPTQ layer 3") == (
+        "m@awq quantize: 1m15s, about 1m45s left; GPTQ layer 3"
+    )
+    assert progress.line("m@awq quantize", 200, 180, "") == "m@awq quantize: 3m20s, past the 3m00s estimate"
+    assert progress.last_line("Tokenizing: 10%\rTokenizing: 55%\r") == "Tokenizing: 55%"
+    assert progress.estimate("m", "evaluate", None) is None
+    progress.finished("m", "evaluate", 100.0)
+    progress.finished("m", "evaluate", 140.0)
+    assert progress.estimate("m", "evaluate", None) == 120.0
+    assert progress.estimate("m", "evaluate", 90.0) == 90.0  # this build's own last run wins
+    with caplog.at_level(logging.INFO, logger="pipelines.progress"), progress.heartbeat("m@int8 bench", None, 0.05):
+        progress.step("\x1b[32mRunning loglikelihood requests:  45%\x1b[0m")
+        time.sleep(0.2)
+    assert any(r.getMessage().endswith("; Running loglikelihood requests: 45%") for r in caplog.records)
