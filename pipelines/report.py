@@ -1,8 +1,10 @@
 """The report: the speed-versus-quality picture per precision, as files and in MLflow.
 
-reports/<model>/ gets quality_vs_speed.png (one point per build, Pareto frontier marked),
-speed_vs_batch.png, memory.png and report.md (the gate table, how each figure was measured). The same
-charts and the table go to the model's summary run in MLflow (`log_figure`, `log_table`).
+reports/<model>/ gets report.md (the decision at a glance, then every figure, the reasons and how each
+was measured) and the charts of pipelines/charts.py: quality against weights and against speed (the
+deciding one first, by the policy's `prefer`), server latency against users, engine speed against batch
+size, memory. The same charts and the table go to the model's summary run in MLflow (`log_figure`,
+`log_table`).
 """
 
 from __future__ import annotations
@@ -10,27 +12,12 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no screen
-import matplotlib.pyplot as plt
-
 from eval.sizing import Fit
+from pipelines import charts, present
 from pipelines.cards import ModelCard
 from pipelines.paths import atomic_write, reports_dir
-from pipelines.results import BASELINE, FAIL, INCONCLUSIVE, PASS, Benched, Decision, Served, Sized, finished
+from pipelines.results import BASELINE, Benched, Decision, Served, Sized, finished
 from pipelines.tracking import Tracker
-
-COLOURS = {PASS: "#2a9d3f", FAIL: "#c8372d", INCONCLUSIVE: "#e6a117", BASELINE: "#555555"}
-
-
-def pareto(points: list[tuple[str, float, float]]) -> list[str]:
-    """Names of the points no other point beats on both axes (x and y, higher is better)."""
-    front = []
-    for name, x, y in points:
-        if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for _, x2, y2 in points):
-            front.append(name)
-    return front
 
 
 def _bench(card: ModelCard, precision: str) -> Benched | None:
@@ -45,8 +32,10 @@ def _served(card: ModelCard, precision: str) -> Served | None:
 
 def _how(card: ModelCard) -> str:
     """How the speed figures the gate uses were measured: the server (its regime) or the engine bench."""
-    if card.gate.speed_regime == "server":
-        return _how_served(card)
+    return _how_served(card) if card.gate.speed_regime == "server" else _how_bench(card)
+
+
+def _how_bench(card: ModelCard) -> str:
     base = _bench(card, card.gate.baseline)
     if base is None:
         return "engine bench: not run"
@@ -75,101 +64,6 @@ def _how_served(card: ModelCard) -> str:
     )
 
 
-def quality_vs_speed(card: ModelCard, decision: Decision):
-    policy = decision.policy
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    points = [(policy.baseline, decision.baseline.speed, 1.0)]
-    ax.scatter([decision.baseline.speed], [1.0], s=70, color=COLOURS[BASELINE], zorder=3)
-    ax.annotate(f"{policy.baseline} (baseline)", (decision.baseline.speed, 1.0), textcoords="offset points",
-                xytext=(6, 6), fontsize=9)  # fmt: skip
-    by_speed = sorted(decision.builds, key=lambda b: b.speed.speed)
-    for i, b in enumerate(by_speed):
-        task, worst = b.worst_task()
-        rec, lo, hi = worst.recovery
-        x = b.speed.speed
-        points.append((b.precision, x, rec))
-        ax.errorbar([x], [rec], yerr=[[rec - lo], [hi - rec]], fmt="o", ms=8, capsize=4,
-                    color=COLOURS[b.verdict], zorder=3)  # fmt: skip
-        label = f"{b.precision}: {b.verdict}" + (" - ships" if b.precision == decision.chosen else "")
-        label += " (emulated)" if b.speed.kernels.startswith("emulated") else ""
-        label += f"\n(worst: {task})"
-        # alternate above and below, so that neighbours' labels do not overlap
-        ax.annotate(
-            label, (x, rec), textcoords="offset points", xytext=(14, 18 if i % 2 else -30), fontsize=8.5,
-            color=COLOURS[b.verdict], arrowprops={"arrowstyle": "-", "color": COLOURS[b.verdict], "lw": 0.6},
-        )  # fmt: skip
-    front = sorted((p for p in points if p[0] in pareto(points)), key=lambda p: p[1])
-    ax.scatter([p[1] for p in front], [p[2] for p in front], s=240, facecolors="none", edgecolors="#333333",
-               linewidths=1, zorder=2, label="Pareto frontier (nothing beats it on both axes)")  # fmt: skip
-    ax.plot([p[1] for p in front], [p[2] for p in front], "--", color="#888888", lw=1)
-    ax.axhline(policy.min_recovery, color=COLOURS[FAIL], lw=0.8, ls=":", label=f"min recovery {policy.min_recovery:g}")
-    emulated = all(b.speed.kernels.startswith("emulated") for b in decision.builds)
-    ax.set_xlabel(decision.speed_axis + (" (quantized: emulated)" * emulated))
-    ax.set_ylabel(f"recovery, worst task ({policy.confidence:.0%} paired bootstrap interval)")
-    ax.set_title(f"{card.name}: quality against speed per precision", fontsize=11)
-    ax.text(0.0, -0.16, _how(card), transform=ax.transAxes, fontsize=8, color="#555555")
-    ax.legend(loc="best", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def speed_vs_batch(card: ModelCard):
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for precision in card.precisions:
-        bench = _bench(card, precision)
-        points = bench.main_points() if bench else []
-        for ax, figure in ((left, "decode_tps_total"), (right, "ttft_ms_p50")):
-            pts = [(p.batch, getattr(p, figure)) for p in points if getattr(p, figure) is not None]
-            if pts:
-                ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=precision)
-    left.set_ylabel("decode tokens/s, all users")
-    right.set_ylabel("time to first token, ms (median)")
-    for ax in (left, right):
-        ax.set_xlabel("batch size")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(card.speed.batch_sizes, [str(b) for b in card.speed.batch_sizes])
-        ax.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    fig.suptitle(f"{card.name}: speed against batch size ({_how(card)})", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def memory_breakdown(card: ModelCard):
-    b = card.gate.speed_batch
-    context = card.speed.input_len + card.speed.output_len
-    rows = []
-    for precision in card.precisions:
-        bench = _bench(card, precision)
-        if bench is None:
-            continue
-        weights = bench.engine.weight_bytes / 1e9
-        kv = bench.engine.kv_bytes_per_token * b * context / 1e9
-        point = bench.at(b)
-        peak = point.peak_mem_bytes / 1e9 if point and point.peak_mem_bytes else 0.0
-        rows.append((precision, weights, kv, max(0.0, peak - weights - kv), bench.engine.memory))
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 2.2))
-    names = [r[0] for r in rows]
-    left = [0.0] * len(rows)
-    for i, (part, colour) in enumerate((("weights", "#3b6ea5"), ("KV cache", "#7fb3d5"), ("rest of peak", "#d5d8dc"))):
-        values = [r[1 + i] for r in rows]
-        ax.barh(names, values, left=left, color=colour, label=part)
-        left = [a + v for a, v in zip(left, values, strict=True)]
-    for y, (_, weights, kv, _, _) in enumerate(rows):
-        ax.text(left[y], y, f"  weights {weights * 1e3:.4g} MB, KV {kv * 1e3:.3g} MB, peak {left[y]:.3g} GB",
-                va="center", fontsize=8)  # fmt: skip
-    ax.set_xlim(0, max(left, default=1) * 1.6)
-    ax.set_xlabel(f"GB at batch {b}, {context} tokens of context")
-    ax.set_title(f"{card.name}: memory per precision", fontsize=11, pad=24)
-    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
-    if rows:
-        fig.text(0.01, 0.01, f"peak: {rows[0][4]}", fontsize=8, color="#555555")
-    ax.invert_yaxis()
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return fig
-
-
 def table(card: ModelCard, decision: Decision) -> dict[str, list]:
     """The gate table, one row per build, as columns (for MLflow's log_table and the Markdown file)."""
     cols: dict[str, list] = {"build": [], "verdict": []}
@@ -181,8 +75,8 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
         f"server goodput req/s, {users} users": [],
         "users at SLO": [],
         "speed-up": [],
-        "weights GB": [],
-        "peak GB": [],
+        "weights": [],
+        "peak": [],
         "kernels": [],
     }
     base = decision.baseline
@@ -202,10 +96,62 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
         cols[f"server goodput req/s, {users} users"].append("" if speed.goodput is None else f"{speed.goodput:.3g}")
         cols["users at SLO"].append("" if speed.users_at_slo is None else str(speed.users_at_slo))
         cols["speed-up"].append(f"{up:.2f}x" if up is not None else "")
-        cols["weights GB"].append(f"{speed.weights_gb:.4g}")
-        cols["peak GB"].append(f"{speed.peak_gb:.4g}")
+        cols["weights"].append(present.size(speed.weights_gb))
+        cols["peak"].append(present.size(speed.peak_gb))
         cols["kernels"].append(speed.kernels)
     return cols
+
+
+def short_table(decision: Decision) -> list[str]:
+    """The decision at a glance: one row per build, the figures the gate used."""
+    speed = "goodput req/s" if decision.policy.speed_regime == "server" else "decode tok/s per user"
+    lines = [
+        f"| build | verdict | worst recovery [{decision.policy.confidence:.0%} interval] | weights | {speed} "
+        "| users within the SLO | kernels |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = [(decision.policy.baseline, "baseline", None, decision.baseline)]
+    rows += [(b.precision, b.verdict + (", **ships**" if b.precision == decision.chosen else ""), b, b.speed)
+             for b in decision.builds]  # fmt: skip
+    for precision, verdict, b, m in rows:
+        worst = "1 (reference)"
+        if b is not None:
+            task, c = b.worst_task()
+            worst = f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {task}"
+        figure = f"{m.goodput or 0:.3g}" if m.regime == "server" else f"{m.decode_tps:.4g}"
+        users = "" if m.users_at_slo is None else str(m.users_at_slo)
+        lines.append(f"| {precision} | {verdict} | {worst} | {present.size(m.weights_gb)} | {figure} | {users} "
+                     f"| {present.execution(m)} |")  # fmt: skip
+    return lines
+
+
+def _users(n: int) -> str:
+    return f"{n} user" + ("" if n == 1 else "s")
+
+
+def slo_limits(card: ModelCard) -> list[str]:
+    """Per build, how many users the server held within the SLO and what broke it at the next level."""
+    slo, lines = card.speed.slo, []
+    for p in card.precisions:
+        served = _served(card, p)
+        if served is None:
+            continue
+        missed = next(((c, m) for c, m in sorted(served.per_level.items()) if not m.meets_slo), None)
+        if missed is None:
+            lines.append(f"- {p}: {_users(served.max_users_at_slo)}, every level measured ({served.execution})")
+            continue
+        c, m = missed
+        why = []
+        if m.ttft_ms_p95 is not None and m.ttft_ms_p95 > slo.ttft_ms:
+            why.append(f"TTFT p95 {m.ttft_ms_p95:.0f} ms > {slo.ttft_ms:g} ms")
+        if m.tpot_ms_p95 is not None and m.tpot_ms_p95 > slo.tpot_ms:
+            why.append(f"TPOT p95 {m.tpot_ms_p95:.1f} ms > {slo.tpot_ms:g} ms")
+        why += [f"{m.failed} failed requests"] * bool(m.failed) + [f"{m.bursts} unstreamed (burst) requests"] * bool(
+            m.bursts
+        )
+        lines.append(f"- {p}: {_users(served.max_users_at_slo)}; at {_users(c)} {', '.join(why) or 'missed'} "
+                     f"({served.execution})")  # fmt: skip
+    return lines
 
 
 def policy_text(decision: Decision) -> str:
@@ -231,12 +177,12 @@ def fit_cells(f: Fit) -> dict[str, str]:
         "precision": f.precision,
         "runs": f.execution,
         "fits": "yes" if f.fits else (f"TP {f.tensor_parallel}" if f.tensor_parallel else "no"),
-        "total GB": f"{f.total_gb:.1f}",
-        "weights GB": f"{f.weights_gb:.2f}",
-        "KV GB": f"{f.kv_gb:.2f}",
-        "max seqs": str(f.max_sequences),
-        "decode tok/s/user": f"{f.decode_tps_per_user:.0f}",
-        "TTFT ms": f"{f.ttft_ms:.3g}",
+        "total": present.size(f.total_gb),
+        "weights": present.size(f.weights_gb),
+        "KV cache": present.size(f.kv_gb),
+        "max seqs": present.count(f.max_sequences),
+        "decode tok/s/user": present.count(f.decode_tps_per_user, cap=100_000),
+        "TTFT ms": present.ms(f.ttft_ms),
     }
 
 
@@ -299,11 +245,20 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
         f"Decided {decision.decided} by `qeval gate` at commit {decision.code.commit[:12]}"
         f"{' with uncommitted changes' if decision.code.dirty else ''} (artifacts/{decision.model}/gate.json).",
         "",
-        "Policy (model card `gate:`): " + policy_text(decision) + ".",
+        *short_table(decision),
         "",
-        "| " + " | ".join(names) + " |",
-        "|" + "---|" * len(names),
+        f"Speed is {decision.speed_axis}; kernels: native where the engine runs the format itself, emulated where "
+        "it computes in a wider type.",
+        "",
+        "Policy (model card `gate:`): " + policy_text(decision) + ".",
     ]
+    if limits := slo_limits(card):
+        slo = card.speed.slo
+        title = (
+            f"## Users within the latency objective (TTFT p95 <= {slo.ttft_ms:g} ms, TPOT p95 <= {slo.tpot_ms:g} ms)"
+        )
+        lines += ["", title + ", and what broke it at the next level", "", *limits]
+    lines += ["", "## Every figure per build", "", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for i in range(len(cols["build"])):
         lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
     lines += fits_section(card)
@@ -345,11 +300,18 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     """Write the charts and the table of the gate's decision to reports/<model>/ and log them to MLflow."""
     out = reports_dir(card.name)
     out.mkdir(parents=True, exist_ok=True)
-    figures = {
-        "quality_vs_speed.png": quality_vs_speed(card, decision),
-        "speed_vs_batch.png": speed_vs_batch(card),
-        "memory.png": memory_breakdown(card),
+    quality = {
+        "quality_vs_weights.png": charts.quality_against(card, decision, "weights", _how(card)),
+        "quality_vs_speed.png": charts.quality_against(card, decision, "speed", _how(card)),
     }
+    if decision.policy.prefer == "speed":  # the chart of the deciding quantity first
+        quality = dict(reversed(quality.items()))
+    figures = dict(quality)
+    if any(_served(card, p) for p in card.precisions):
+        figures["latency_vs_users.png"] = charts.latency_against_users(card, _how_served(card))
+    if any(_bench(card, p) for p in card.precisions):
+        figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
+        figures["memory.png"] = charts.memory(card, decision)
     cols = table(card, decision)
     for name, fig in figures.items():
         _save_fig(fig, out / name)
@@ -358,6 +320,5 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
     history = {"decided": [decision.decided] * len(cols["build"]), **cols}
     tracker.log_report(figures, {"gate_table.json": history}, [md])
-    for fig in figures.values():
-        plt.close(fig)
+    charts.close(figures.values())
     return [out / name for name in figures] + [md]

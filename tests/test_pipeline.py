@@ -29,8 +29,10 @@ def test_run_does_every_stage_then_skips_them(own_root):
     assert {b["precision"] for b in doc["gate"]["builds"]} == {"fp8", "int8", "awq", "gptq"}
     assert doc["gate"]["speed_axis"].startswith("goodput")  # judged as served
     assert sorted(Path(p).name for p in doc["report"]) == [
+        "latency_vs_users.png",
         "memory.png",
         "quality_vs_speed.png",
+        "quality_vs_weights.png",
         "report.md",
         "speed_vs_batch.png",
     ]
