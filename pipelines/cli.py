@@ -369,8 +369,9 @@ def ui(
     model: Annotated[str | None, typer.Option("--model", "-m", help="print only this model's address")] = None,
 ) -> None:
     """Browse the runs in the MLflow UI (Ctrl-C stops it); prints each model's runs-table address."""
+    from pipelines.mlflow_names import view_url
     from pipelines.procs import stop_process_group
-    from pipelines.tracking import experiment_ids, redact, tracking_uri, ui_command, view_url
+    from pipelines.tracking import experiment_ids, redact, tracking_uri, ui_command
 
     with socket.socket() as probe:  # uvicorn would only log "address in use" and exit 0
         try:

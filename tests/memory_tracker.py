@@ -1,7 +1,7 @@
 """A stand-in for pipelines.tracking.MlflowTracker that keeps what would be logged in memory.
 
 For tests that exercise a stage, the gate or the report but not MLflow: it maps typed results to the
-same names (pipelines/tracking.py's pure functions) and refuses a changed param the same way, without
+same names (pipelines/mlflow_names.py's pure functions) and refuses a changed param the same way, without
 opening a store.
 """
 
@@ -11,15 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.results import Decision, Manifest
-from pipelines.tracking import (
+from pipelines.mlflow_names import (
     PARAM_PRECISION,
     SHIP_ALIAS,
     TAG_CHOSEN,
     TAG_DIGESTS,
     TAG_STAGE,
     TAG_STAGE_ERROR,
-    ParamsChanged,
     baseline_metrics,
     decision_params,
     logged,
@@ -32,6 +30,8 @@ from pipelines.tracking import (
     verdict_metrics,
     verdict_tags,
 )
+from pipelines.results import Decision, Manifest
+from pipelines.tracking import ParamsChanged
 
 
 @dataclass

@@ -8,9 +8,9 @@ import pytest
 
 from eval.gpus import CATALOG, get_gpu
 from eval.sizing import Shape, fit, weight_bytes
+from pipelines.mlflow_names import logged
 from pipelines.paths import REPO_ROOT
 from pipelines.results import Quantized
-from pipelines.tracking import logged
 from quant.build import QuantizeConfig
 from quant.precisions import PRECISIONS, build_recipe, get_precision
 from quant.recipes import RecipeOptions

@@ -6,7 +6,7 @@ import logging
 import time
 
 from pipelines import present, progress
-from pipelines.tracking import NAMES, PARAM_PRECISION, runs_view
+from pipelines.mlflow_names import NAMES, PARAM_PRECISION, runs_view
 
 
 def test_sizes_counts_and_times_read_in_sensible_units():

@@ -14,8 +14,7 @@ from eval.engine import EngineConfig
 from eval.loadgen import LoadSettings
 from pipelines.engines import VllmSettings
 from pipelines.errors import QevalError
-from pipelines.results import Evaluated, Quantized
-from pipelines.tracking import (
+from pipelines.mlflow_names import (
     ENGINE_SETTINGS,
     EVAL_SETTINGS,
     LOAD_SETTINGS,
@@ -24,11 +23,10 @@ from pipelines.tracking import (
     QUANTIZE_SETTINGS,
     VERIFY_SETTINGS,
     VLLM_SETTINGS,
-    MlflowTracker,
     logged,
-    redact,
-    tracking_uri,
 )
+from pipelines.results import Evaluated, Quantized
+from pipelines.tracking import MlflowTracker, redact, tracking_uri
 from quant.build import QuantizeConfig
 from quant.verify import VerifyConfig
 
@@ -108,8 +106,8 @@ def test_the_readme_lists_every_name_and_no_other():
     shown = _readme_names()
     prefixes = r"(eval|recovery|quant|size|engine|mem|server|gate|qeval)[/.]"
     name_like = {n for n in shown if re.match(prefixes, n) and not re.search(r"\.(json|csv|png|md|log|yaml)$", n)}
-    assert ours - shown == set(), "in pipelines/tracking.py, not in README's MLflow layout"
-    assert name_like - ours == set(), "in README's MLflow layout, not in pipelines/tracking.py"
+    assert ours - shown == set(), "in pipelines/mlflow_names.py, not in README's MLflow layout"
+    assert name_like - ours == set(), "in README's MLflow layout, not in pipelines/mlflow_names.py"
     assert {"qeval.stage.<stage>", "qeval.gate.verdict"} <= shown
 
 
