@@ -107,27 +107,38 @@ def quality_against(card: ModelCard, decision: Decision, axis: str, how: str):
     return fig
 
 
+def _line(ax, precision: str, points: list[tuple[int, float | None]], emulated: bool) -> None:
+    """One build's figure against a step (batch size, users): its colour, dashed where emulated."""
+    pts = [(x, y) for x, y in points if y is not None]
+    if pts:
+        label = precision + (" (emulated)" if emulated else "")
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "o--" if emulated else "o-",
+                color=present.precision_colour(precision), label=label)  # fmt: skip
+
+
+def _steps(ax, steps: list[int], label: str) -> None:
+    """An x axis of the measured steps only, on a log-2 scale (1, 4, 16, not 1.5, 2.5)."""
+    ax.set_xlabel(label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(steps, [str(s) for s in steps])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+
+
 def speed_against_batch(card: ModelCard, how: str):
     """Engine bench: decode tokens/s (all users) and TTFT against batch size; emulated builds dashed."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for precision in card.precisions:
         bench: Benched | None = _done(card, precision, Benched)
-        points = bench.main_points() if bench else []
-        dashed = bench is not None and bench.engine.kernels.startswith("emulated")
+        if bench is None:
+            continue
+        emulated = bench.engine.kernels.startswith("emulated")
         for ax, figure in ((left, "decode_tps_total"), (right, "ttft_ms_p50")):
-            pts = [(p.batch, getattr(p, figure)) for p in points if getattr(p, figure) is not None]
-            if pts:
-                ax.plot([b for b, _ in pts], [v for _, v in pts], "o--" if dashed else "o-",
-                        color=present.precision_colour(precision),
-                        label=precision + (" (emulated)" if dashed else ""))  # fmt: skip
+            _line(ax, precision, [(p.batch, getattr(p, figure)) for p in bench.main_points()], emulated)
     left.set_ylabel("decode tokens/s, all users")
     right.set_ylabel("time to first token, ms (median)")
     for ax in (left, right):
-        ax.set_xlabel("batch size")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(card.speed.batch_sizes, [str(b) for b in card.speed.batch_sizes])
-        ax.minorticks_off()
-        ax.grid(alpha=0.3)
+        _steps(ax, card.speed.batch_sizes, "batch size")
     left.legend(fontsize=8)
     fig.suptitle(f"{card.name}: engine bench against batch size\n{how}", fontsize=10)
     fig.tight_layout()
@@ -142,23 +153,15 @@ def latency_against_users(card: ModelCard, how: str):
         served: Served | None = _done(card, precision, Served)
         if served is None:
             continue
-        dashed = served.execution == "emulated"
         for ax, figure in ((left, "ttft_ms_p95"), (right, "tpot_ms_p95")):
-            pts = [(c, getattr(m, figure)) for c, m in served.per_level.items() if getattr(m, figure) is not None]
-            if pts:
-                ax.plot([c for c, _ in pts], [v for _, v in pts], "o--" if dashed else "o-",
-                        color=present.precision_colour(precision),
-                        label=precision + (" (emulated)" if dashed else ""))  # fmt: skip
+            points = [(c, getattr(m, figure)) for c, m in served.per_level.items()]
+            _line(ax, precision, points, served.execution == "emulated")
     for ax, limit, name in ((left, slo.ttft_ms, "TTFT"), (right, slo.tpot_ms, "TPOT")):
         ax.axhline(limit, color="black", lw=1, ls=":")
         ax.annotate(f"objective: {name} p95 <= {limit:g} ms", (0, limit), xycoords=("axes fraction", "data"),
                     xytext=(4, 4), textcoords="offset points", fontsize=8)  # fmt: skip
         ax.set_ylabel(f"{name} p95, ms")
-        ax.set_xlabel("concurrent users")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(card.speed.concurrency, [str(c) for c in card.speed.concurrency])
-        ax.minorticks_off()
-        ax.grid(alpha=0.3)
+        _steps(ax, card.speed.concurrency, "concurrent users")
     left.legend(fontsize=8)
     fig.suptitle(f"{card.name}: server latency against concurrent users\n{how}", fontsize=10)
     fig.tight_layout()

@@ -44,6 +44,10 @@ def ms(value: float) -> str:
     return "< 0.01" if value < 0.01 else f"{value:.3g}"
 
 
+def users_count(n: int) -> str:
+    return f"{n} user" + ("" if n == 1 else "s")
+
+
 def execution(m: Measured) -> str:
     """'native' or 'emulated' (the kernels the speed figures ran on), from the gate's label."""
     return "emulated" if m.kernels.startswith("emulated") else "native"
@@ -52,7 +56,7 @@ def execution(m: Measured) -> str:
 def speed(m: Measured) -> str:
     """The speed figure the gate used, with its unit, and how it ran."""
     if m.regime == "server":
-        users = "" if m.users_at_slo is None else f", {m.users_at_slo} users within the SLO"
+        users = "" if m.users_at_slo is None else f", {users_count(m.users_at_slo)} within the SLO"
         figure = f"goodput {m.goodput or 0:.3g} req/s{users}"
     else:
         figure = f"{m.decode_tps:.4g} tok/s per user"

@@ -125,10 +125,6 @@ def short_table(decision: Decision) -> list[str]:
     return lines
 
 
-def _users(n: int) -> str:
-    return f"{n} user" + ("" if n == 1 else "s")
-
-
 def slo_limits(card: ModelCard) -> list[str]:
     """Per build, how many users the server held within the SLO and what broke it at the next level."""
     slo, lines = card.speed.slo, []
@@ -138,7 +134,8 @@ def slo_limits(card: ModelCard) -> list[str]:
             continue
         missed = next(((c, m) for c, m in sorted(served.per_level.items()) if not m.meets_slo), None)
         if missed is None:
-            lines.append(f"- {p}: {_users(served.max_users_at_slo)}, every level measured ({served.execution})")
+            held = present.users_count(served.max_users_at_slo)
+            lines.append(f"- {p}: {held}, every level within the objective ({served.execution})")
             continue
         c, m = missed
         why = []
@@ -146,11 +143,12 @@ def slo_limits(card: ModelCard) -> list[str]:
             why.append(f"TTFT p95 {m.ttft_ms_p95:.0f} ms > {slo.ttft_ms:g} ms")
         if m.tpot_ms_p95 is not None and m.tpot_ms_p95 > slo.tpot_ms:
             why.append(f"TPOT p95 {m.tpot_ms_p95:.1f} ms > {slo.tpot_ms:g} ms")
-        why += [f"{m.failed} failed requests"] * bool(m.failed) + [f"{m.bursts} unstreamed (burst) requests"] * bool(
-            m.bursts
-        )
-        lines.append(f"- {p}: {_users(served.max_users_at_slo)}; at {_users(c)} {', '.join(why) or 'missed'} "
-                     f"({served.execution})")  # fmt: skip
+        if m.failed:
+            why.append(f"{m.failed} failed requests")
+        if m.bursts:
+            why.append(f"{m.bursts} unstreamed (burst) requests")
+        held, at = present.users_count(served.max_users_at_slo), present.users_count(c)
+        lines.append(f"- {p}: {held}; at {at} {', '.join(why) or 'missed'} ({served.execution})")
     return lines
 
 
@@ -308,7 +306,7 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
         quality = dict(reversed(quality.items()))
     figures = dict(quality)
     if any(_served(card, p) for p in card.precisions):
-        figures["latency_vs_users.png"] = charts.latency_against_users(card, _how_served(card))
+        figures["latency_vs_users.png"] = charts.latency_againstpresent.users_count(card, _how_served(card))
     if any(_bench(card, p) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
