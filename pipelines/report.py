@@ -306,7 +306,7 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
         quality = dict(reversed(quality.items()))
     figures = dict(quality)
     if any(_served(card, p) for p in card.precisions):
-        figures["latency_vs_users.png"] = charts.latency_againstpresent.users_count(card, _how_served(card))
+        figures["latency_vs_users.png"] = charts.latency_against_users(card, _how_served(card))
     if any(_bench(card, p) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)

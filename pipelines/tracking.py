@@ -241,6 +241,8 @@ class MlflowTracker:
             if current is not None and not new:
                 return current
             run = self.client.create_run(self.experiment_id, run_name=name, tags={**tags, tag: value})
+            if tag == TAG_PRECISION:  # a build's run, made by a stage or by the gate: its precision as a param
+                self.client.log_param(run.info.run_id, PARAM_PRECISION, value)
             if current is not None:  # kept, restorable, under the UI's "State: Deleted"
                 self.client.set_tag(current, TAG_SUPERSEDED, run.info.run_id)
                 self.client.delete_run(current)

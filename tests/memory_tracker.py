@@ -57,7 +57,9 @@ class MemoryTracker:
         return self.runs[self.build_run(precision)]
 
     def build_run(self, precision: str, *, new: bool = False) -> str:
-        return self._run(run_name(self.model, precision), new)
+        run_id = self._run(run_name(self.model, precision), new)
+        self.runs[run_id].params.setdefault(PARAM_PRECISION, precision)
+        return run_id
 
     def _run(self, name: str, new: bool = False) -> str:
         if name not in self.current or new:
@@ -76,7 +78,6 @@ class MemoryTracker:
         run.series |= out.series
         run.params |= out.params
         run.tags |= stage_tags(manifest.stage, manifest.inputs_digest, manifest.code, run.tags.get(TAG_DIGESTS))
-        run.params.setdefault(PARAM_PRECISION, manifest.precision)
         run.files += [f"{manifest.stage}/{p.name}" for p in files]
 
     def mark_failed(self, run_id: str, stage: str, error: str) -> None:
