@@ -57,6 +57,7 @@ def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug 
                         force=True)  # fmt: skip
     for ours in ("pipelines", "eval", "quant"):  # qeval's detail goes to each stage's log (pipelines/stages.py)
         logging.getLogger(ours).setLevel(logging.DEBUG)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request to the tracking server
     # SIGTERM (CI runners, job schedulers) stops qeval as Ctrl-C does: every server and child it started is
     # stopped on the way out and the running stage ends as failed. SIGINT is restored too, for a qeval
     # started in the background by a non-interactive shell, which inherits it ignored.
@@ -317,15 +318,35 @@ def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
 
 @app.command()
 @_guarded
-def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = False) -> None:
+def run(
+    model: ModelOpt = "ref-lm",
+    precision: Annotated[
+        list[str] | None, typer.Option(help="build to run; repeat for several (default: all; the baseline always)")
+    ] = None,
+    skip: Annotated[list[str] | None, typer.Option(help="stage to leave out; repeat for several")] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray", help="run each build's stages as one task on this Ray cluster (host:port, or auto)"),
+    ] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Every stage of the pipeline for one model card, then the gate and the report.
 
     Exit status 1 when no quantized build passes the gate.
     """
-    from pipelines.pipeline import run_pipeline
+    from pipelines.pipeline import STAGES, run_pipeline
 
     card = cards_mod.load_card(model)
-    result = run_pipeline(card, _tracker(model), force=force)
+    for p in precision or []:
+        card.require_precision(p)
+    unknown = sorted(set(skip or []) - set(STAGES))
+    if unknown:
+        raise QevalError(f"--skip: unknown stage {', '.join(unknown)}; stages: {', '.join(STAGES)}")
+    if precision:  # the gate judges the builds run now against the baseline
+        chosen = [card.gate.baseline, *(p for p in precision if p != card.gate.baseline)]
+        card = card.model_copy(update={"precisions": chosen})
+    result = run_pipeline(card, _tracker(model), force=force, skip=tuple(skip or ()), ray_address=ray_address)
     out.print(_builds_table(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
     extra = {
@@ -338,12 +359,43 @@ def run(model: ModelOpt = "ref-lm", force: ForceOpt = False, as_json: JsonOpt = 
 
 @app.command()
 @_guarded
-def gate(model: ModelOpt, as_json: JsonOpt = False) -> None:
-    """Decide which quantized build ships, under the card's gate policy (exit 1: none passes)."""
+def gate(
+    model: ModelOpt,
+    against: Annotated[
+        str | None,
+        typer.Option(help="'ship': also compare every build with the build that ships now (a regression gate)"),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Decide which quantized build ships, under the card's gate policy (exit 1: none passes).
+
+    Reads the stages from the tracking store where this machine lacks them."""
     from pipelines.gate import gate as run_gate
 
+    if against not in (None, "ship"):
+        raise QevalError(f"--against takes 'ship' (the build alias ship points at), not '{against}'")
     card = cards_mod.load_card(model)
-    _gate_outcome(run_gate(card, _tracker(model)), as_json)
+    _gate_outcome(run_gate(card, _tracker(model), against=against), as_json)
+
+
+@app.command()
+@_guarded
+def pull(
+    model: ModelOpt,
+    folder: Annotated[str, typer.Argument(help="where to put the build's files (must not exist, or be empty)")],
+    alias: Annotated[str, typer.Option(help="registry alias of the version to fetch")] = "ship",
+    as_json: JsonOpt = False,
+) -> None:
+    """Download the build behind a registry alias (default `ship`) from the tracking store: a servable folder."""
+    from pathlib import Path
+
+    from pipelines.sync import pull as run_pull
+
+    cards_mod.load_card(model)
+    got = run_pull(_tracker(model), alias, Path(folder))
+    out.print(f"{got['name']} version {got['version']} ('{alias}', {got['precision']}): {got['files']} files, "
+              f"{got['bytes'] / 1e6:.2f} MB in {got['folder']}", highlight=False)  # fmt: skip
+    _emit_json(got, as_json)
 
 
 @app.command()
@@ -353,9 +405,13 @@ def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
     and MLflow."""
     from pipelines.report import report as write_report
     from pipelines.results import read_decision
+    from pipelines.sync import fetch_builds, fetch_decision
 
     card = cards_mod.load_card(model)
-    files = write_report(card, read_decision(card.name), _tracker(model))
+    tracker = _tracker(model)
+    fetch_decision(tracker)  # the store's decision, and the stages it judged, where this machine lacks them
+    fetch_builds(card, tracker)
+    files = write_report(card, read_decision(card.name), tracker)
     for f in files:
         out.print(str(f), highlight=False)
     _emit_json({"model": model, "report": [str(f) for f in files]}, as_json)

@@ -6,8 +6,15 @@ INCONCLUSIVE. The speed rule compares decode tokens/s per user at the policy's b
 baseline's; the memory rule compares peak memory there with the budget. A build passes only when
 every rule passes; among passing builds the policy's preference picks the one that ships.
 
-The result goes to artifacts/<model>/gate.json, to tags `qeval.gate.verdict` and `qeval.gate.reasons`
-on every build's MLflow run, and to the Model Registry: `qeval-<model>`, alias `ship`.
+With `against="ship"` every build is also compared with the build that alias `ship` points at, on its
+per-document records from MLflow, with the same statistics and thresholds: a rebuild worse than what is
+deployed fails (a regression gate for CI).
+
+The gate reads the stages from the tracking store where this machine lacks them (pipelines/sync.py). The
+result goes to artifacts/<model>/gate.json, to tags `qeval.gate.verdict` and `qeval.gate.reasons` on
+every build's MLflow run, and to the Model Registry: `qeval-<model>`, alias `ship`, whose version's
+source is the chosen build's checkpoint logged on its run, so that any machine reaching the store can
+fetch it (`qeval pull`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ from eval import speed as speed_math
 from eval.sizing import Fit
 from eval.stats import Comparison
 from pipelines.cards import Gate, ModelCard
-from pipelines.gate_inputs import fits, measured, task_comparisons
+from pipelines.errors import QevalError
+from pipelines.gate_inputs import Evaluation, fits, measured, paired_with, task_comparisons
+from pipelines.mlflow_names import SHIP_ALIAS as SHIP
 from pipelines.results import (
     FAIL,
     INCONCLUSIVE,
@@ -29,12 +38,15 @@ from pipelines.results import (
     BuildVerdict,
     Decision,
     Measured,
+    Quantized,
     Rule,
     checkpoint_for,
     write_decision,
 )
 from pipelines.stages import code_version
+from pipelines.sync import fetch_builds, fetch_shipped
 from pipelines.tracking import Tracker
+from quant.build import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
 
@@ -146,27 +158,44 @@ def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | N
 # ---- the gate ----------------------------------------------------------------------------------
 
 
-def judge(card: ModelCard, precision: str, baseline: Measured, baseline_bytes: float) -> BuildVerdict:
-    """Every rule of the card's policy applied to one quantized build."""
+def vs_ship_rule(shipped: str, task: str, c: Comparison) -> Rule:
+    """A task against the build that ships now: the same statistics and threshold as against the baseline."""
+    rule = task_rule(task, c)
+    return Rule(f"{task} vs {shipped}", rule.verdict, f"vs {shipped}: {rule.reason}")
+
+
+def judge(
+    card: ModelCard,
+    precision: str,
+    baseline: Measured,
+    baseline_bytes: float,
+    shipped: tuple[str, Evaluation] | None = None,
+) -> BuildVerdict:
+    """Every rule of the card's policy applied to one quantized build; with `shipped` (the name and the
+    evaluation of the build alias `ship` points at), its tasks against that build's too."""
     policy = card.gate
     tasks: dict[str, Comparison] = task_comparisons(card, precision)
+    vs_ship = paired_with(card, precision, shipped[1]) if shipped else {}
     build, weight_bytes = measured(card, precision)
     rules = [task_rule(t, c) for t, c in tasks.items()]
+    rules += [vs_ship_rule(shipped[0], t, c) for t, c in vs_ship.items()] if shipped else []
     fast, up = speed_rule(policy, build, baseline, baseline_bytes / weight_bytes)
     rules += [fast, memory_rule(policy, build)]
     if policy.must_fit:
         rules.append(fit_rule(fits(card, precision)))
     return BuildVerdict(
         precision=precision, verdict=combine([r.verdict for r in rules]), rules=rules, tasks=tasks, speed=build,
-        speedup=up,
+        speedup=up, vs_ship=vs_ship,
     )  # fmt: skip
 
 
-def decide(card: ModelCard) -> Decision:
-    """Apply the card's policy to the finished stages of every build."""
+def decide(
+    card: ModelCard, shipped: tuple[str, Evaluation] | None = None, against: dict[str, str] | None = None
+) -> Decision:
+    """Apply the card's policy to the finished stages of every build (and compare each with `shipped`)."""
     policy = card.gate
     baseline, baseline_bytes = measured(card, policy.baseline)
-    verdicts = [judge(card, p, baseline, baseline_bytes) for p in card.precisions if p != policy.baseline]
+    verdicts = [judge(card, p, baseline, baseline_bytes, shipped) for p in card.precisions if p != policy.baseline]
     chosen, why = choose(verdicts, policy.prefer, policy.tie_tolerance)
     return Decision(
         model=card.name,
@@ -177,25 +206,59 @@ def decide(card: ModelCard) -> Decision:
         builds=verdicts,
         chosen=chosen,
         why=why,
+        against=against or {},
         code=code_version(),
     )
 
 
-def gate(card: ModelCard, tracker: Tracker) -> Decision:
-    """Decide, then record the decision: gate.json, MLflow tags, and the registry alias `ship`."""
-    decision = decide(card)
+def _shipped(card: ModelCard, tracker: Tracker) -> tuple[tuple[str, Evaluation] | None, dict[str, str]]:
+    """The evaluation of the build alias `ship` points at, for a regression gate; None when nothing ships."""
+    found = fetch_shipped(card, tracker)
+    if found is None:
+        log.warning("%s: no build ships yet (alias 'ship' is unset): gating against the baseline only", card.name)
+        return None, {}
+    info, evaluation = found
+    return (f"ship v{info['version']} ({info['precision']})", evaluation), info
+
+
+def checkpoint_source(card: ModelCard, tracker: Tracker, precision: str, run_id: str) -> str:
+    """The chosen build's checkpoint as an artifact of its run, logged now where the quantize stage did not
+    (a store made before checkpoints were logged): the registry version's source, fetchable anywhere."""
+    where = f"{Quantized.STAGE}/{CHECKPOINT_DIR}"
+    if not tracker.has_artifacts(run_id, where):
+        try:
+            folder, _ = checkpoint_for(card, precision)
+        except QevalError:
+            raise QevalError(
+                f"gate: {card.name}@{precision}: its run {run_id} has no logged checkpoint and this machine has "
+                f"none; rerun on the machine that built it, or: qeval quantize --model {card.name} "
+                f"--precision {precision} --force"
+            ) from None
+        tracker.log_folder(run_id, Path(folder), where)
+    return tracker.artifact_uri(run_id, where)
+
+
+def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> Decision:
+    """Decide, then record the decision: gate.json, MLflow tags, and the registry alias `ship`.
+
+    `against="ship"`: a regression gate, every build also compared with the build that ships now."""
+    fetch_builds(card, tracker)
+    shipped, info = _shipped(card, tracker) if against == SHIP else (None, {})
+    decision = decide(card, shipped, info)
     for b in decision.builds:
         log.info("%s@%s: %s", card.name, b.precision, b.verdict)
         for r in b.rules:
             log.debug("    %s", r.reason)
     tracker.log_verdicts(decision)
     if decision.chosen:
-        checkpoint, _ = checkpoint_for(card, decision.chosen)
+        run_id = tracker.build_run(decision.chosen)
         registered = tracker.register_ship(
-            tracker.build_run(decision.chosen), str(Path(checkpoint).resolve()), decision.why
+            run_id, checkpoint_source(card, tracker, decision.chosen, run_id), decision.why
         )
         decision = decision.model_copy(update={"registered": registered})
         log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)
+    elif shipped:  # a regression gate that nothing passed: what is deployed stays deployed
+        log.warning("%s: nothing replaces %s: %s", card.name, shipped[0], decision.why)
     else:
         tracker.clear_ship()
         log.warning("%s: nothing ships: %s", card.name, decision.why)

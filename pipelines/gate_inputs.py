@@ -111,27 +111,35 @@ def gating_metric(card: ModelCard, task: str, available: list[accuracy.Metric]) 
     return next((m for m in candidates if m.filter == (filt or "none")), candidates[0])
 
 
+Evaluation = tuple[Path, Evaluated]  # an evaluation's folder (per-document records) and result
+
+
 def task_comparisons(card: ModelCard, precision: str) -> dict[str, Comparison]:
     """The paired comparison of every task of the card between the build and the baseline."""
     base = require(card, card.gate.baseline, Evaluated, "gate")
+    folder = stage_dir(card.name, card.gate.baseline, Evaluated.STAGE)
+    return paired_with(card, precision, (folder, base), "the baseline")
+
+
+def paired_with(
+    card: ModelCard, precision: str, other: Evaluation, who: str = "the shipped build"
+) -> dict[str, Comparison]:
+    """Every task of the card, the build against `other` (the baseline's or the shipped build's evaluation)."""
     build = require(card, precision, Evaluated, "gate")
-    if build.settings != base.settings:
+    if build.settings != other[1].settings:
         raise QevalError(
-            f"gate: {card.name}@{precision} was evaluated with other settings than the baseline; rerun both "
+            f"gate: {card.name}@{precision} was evaluated with other settings than {who}; rerun both "
             f"with the card's settings: qeval run --model {card.name}"
         )
-    base_dir = stage_dir(card.name, card.gate.baseline, Evaluated.STAGE)
     build_dir = stage_dir(card.name, precision, Evaluated.STAGE)
     out = {}
     for task in card.accuracy.tasks:
         try:
-            out[task] = paired(card, task, (base_dir, base.accuracy), (build_dir, build.accuracy))
+            out[task] = paired(card, task, (other[0], other[1].accuracy), (build_dir, build.accuracy))
         except FileNotFoundError as e:
             raise QevalError(f"gate: {e}; rerun: qeval evaluate --force") from None
         except KeyError:
-            raise QevalError(
-                f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate"
-            ) from None
+            raise QevalError(f"gate: {card.name}@{precision} {task}: not {who}'s documents; rerun evaluate") from None
     return out
 
 

@@ -77,7 +77,7 @@ class Quantized(StageResult):
 
     STAGE: ClassVar[str] = "quantize"
     COMMAND: ClassVar[str] = "quantize"
-    UNLOGGED: ClassVar[tuple[str, ...]] = (CHECKPOINT_DIR,)
+    # the checkpoint is logged too: the registry's `ship` points at it, and another machine pulls it from there
 
     checkpoint: str = Field(description="folder holding the weights")
     checkpoint_bytes: int = Field(description="bytes of the weight files")
@@ -383,6 +383,7 @@ class BuildVerdict(_Result):
     tasks: dict[str, Comparison]
     speed: Measured
     speedup: float | None
+    vs_ship: dict[str, Comparison] = Field({}, description="per task, against the shipped build (gate --against ship)")
 
     @property
     def reasons(self) -> list[str]:
@@ -406,6 +407,7 @@ class Decision(_Result):
     chosen: str | None
     why: str
     registered: dict[str, str] = Field({}, description="the Model Registry version behind alias `ship`")
+    against: dict[str, str] = Field({}, description="gate --against ship: the version every build was compared with")
     code: CodeVersion
 
 

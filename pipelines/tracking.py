@@ -232,12 +232,19 @@ class MlflowTracker:
         """The model's gate-and-report run (policy, decision, charts), beside the one run per build."""
         return self._current_run(TAG_KIND, KIND_SUMMARY, summary_run_name(self.model), new, {TAG_MODEL: self.model})
 
+    def _find(self, tag: str, value: str) -> str | None:
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{tag}` = '{value}'", order_by=["attributes.start_time DESC"]
+        )
+        return next((r.info.run_id for r in runs if TAG_SUPERSEDED not in r.data.tags), None)
+
+    def find_run(self, precision: str | None) -> str | None:
+        """The current run of build `precision` (None: the summary run), or None; creates nothing."""
+        return self._find(TAG_PRECISION, precision) if precision else self._find(TAG_KIND, KIND_SUMMARY)
+
     def _current_run(self, tag: str, value: str, name: str, new: bool, tags: dict[str, str]) -> str:
         with _store_lock(self.uri):
-            runs = self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.`{tag}` = '{value}'", order_by=["attributes.start_time DESC"]
-            )
-            current = next((r.info.run_id for r in runs if TAG_SUPERSEDED not in r.data.tags), None)
+            current = self._find(tag, value)
             if current is not None and not new:
                 return current
             run = self.client.create_run(self.experiment_id, run_name=name, tags={**tags, tag: value})
@@ -249,8 +256,65 @@ class MlflowTracker:
             return run.info.run_id
 
     def stage_is_logged(self, run_id: str, stage: str, digest: str) -> bool:
+        return self.logged_digest(run_id, stage) == digest
+
+    def logged_digest(self, run_id: str, stage: str) -> str | None:
+        """The inputs digest of the stage the run holds as done, or None."""
         tags = self.client.get_run(run_id).data.tags
-        return tags.get(TAG_STAGE.format(stage=stage)) == "done" and stage_digest(tags, stage) == digest
+        return stage_digest(tags, stage) if tags.get(TAG_STAGE.format(stage=stage)) == "done" else None
+
+    # ---- the store as the system of record: what other machines read back ----------------------------
+
+    def artifact_uri(self, run_id: str, path: str) -> str:
+        """Where a run's artifact lives, as the store names it (a path, or mlflow-artifacts:/... when proxied)."""
+        return f"{self.client.get_run(run_id).info.artifact_uri.rstrip('/')}/{path}"
+
+    def has_artifacts(self, run_id: str, path: str) -> bool:
+        return bool(self.client.list_artifacts(run_id, path))
+
+    def log_folder(self, run_id: str, folder: Path, artifact_path: str) -> None:
+        self.client.log_artifacts(run_id, str(folder), artifact_path=artifact_path)
+
+    def download(self, run_id: str, path: str, dst: Path, *, skip: tuple[str, ...] = ()) -> Path | None:
+        """A run's artifact folder `path` into `dst`/`path` (sub-folders named in `skip` left out); None
+        when the run has nothing there."""
+        entries = [e for e in self.client.list_artifacts(run_id, path) if Path(e.path).name not in skip]
+        if not entries:
+            return None
+        folder = dst / path
+        folder.mkdir(parents=True, exist_ok=True)
+        for e in entries:  # MLflow puts each entry under its own name in the folder it is given
+            self.client.download_artifacts(run_id, e.path, str(folder))
+        return folder
+
+    def shipped(self) -> dict[str, str] | None:
+        """The registry version behind alias `ship`: its version, run, source and the run's build; None
+        when nothing ships."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            v = self.client.get_model_version_by_alias(registered_model_name(self.model), SHIP_ALIAS)
+        except MlflowException:
+            return None
+        precision = self.client.get_run(v.run_id).data.tags.get(TAG_PRECISION, "") if v.run_id else ""
+        return {"version": str(v.version), "run_id": v.run_id or "", "source": v.source, "precision": precision}
+
+    def download_version(self, alias: str, dst: Path) -> dict[str, str]:
+        """The files of the registry version behind `alias`, under the folder `dst`."""
+        import mlflow.artifacts
+        from mlflow.exceptions import MlflowException
+
+        name = registered_model_name(self.model)
+        try:
+            v = self.client.get_model_version_by_alias(name, alias)
+        except MlflowException:
+            raise QevalError(f"no version of {name} has alias '{alias}' in {redact(self.uri)}; "
+                             f"run: qeval gate --model {self.model}") from None  # fmt: skip
+        # the version's source as the registry holds it (what `models:/<name>@<alias>` resolves to)
+        mlflow.artifacts.download_artifacts(artifact_uri=v.source, dst_path=str(dst), tracking_uri=self.uri)
+        precision = self.client.get_run(v.run_id).data.tags.get(TAG_PRECISION, "") if v.run_id else ""
+        return {"name": name, "version": str(v.version), "alias": alias, "run_id": v.run_id or "",
+                "precision": precision, "source": scrub(v.source)}  # fmt: skip
 
     def _batch(self, run_id: str, metrics=None, series=None, params=None, tags=None) -> None:
         from mlflow.entities import Metric, Param, RunTag

@@ -50,6 +50,20 @@ def last_json_line(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
+def same_logits(a: Path, b: Path) -> bool:
+    """Two checkpoint folders load (safetensors, no remote code) and give identical logits on fixed tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.arange(1, 33).unsqueeze(0)
+    out = []
+    for folder in (a, b):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, use_safetensors=True).eval()
+        with torch.no_grad():
+            out.append(model(input_ids=ids).logits)
+    return torch.equal(*out)
+
+
 def env_with(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(extra)

@@ -70,6 +70,22 @@ class MemoryTracker:
     def stage_is_logged(self, run_id: str, stage: str, digest: str) -> bool:
         return stage_digest(self.runs[run_id].tags, stage) == digest
 
+    def find_run(self, precision: str | None) -> str | None:
+        return None  # it holds no files: the local artifacts/ are all there is (pipelines/sync.py reads nothing)
+
+    def shipped(self) -> dict[str, str] | None:
+        return None
+
+    def has_artifacts(self, run_id: str, path: str) -> bool:
+        return any(f.startswith(f"{path}/") for f in self.runs[run_id].files)
+
+    def log_folder(self, run_id: str, folder: Path, artifact_path: str) -> None:
+        files = [f for f in folder.rglob("*") if f.is_file()]
+        self.runs[run_id].files += [f"{artifact_path}/{f.relative_to(folder)}" for f in files]
+
+    def artifact_uri(self, run_id: str, path: str) -> str:
+        return f"memory:/{run_id}/{path}"
+
     def log_stage(self, run_id: str, manifest: Manifest, files: Iterable[Path]) -> None:
         run, out = self.runs[run_id], logged(manifest.result)
         if any(run.params.get(k, v) != v for k, v in out.params.items()):

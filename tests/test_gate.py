@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, env_with, last_json_line, root_env
+from conftest import REPO, env_with, last_json_line, root_env, same_logits
 from eval.accuracy import leaves
 from eval.stats import compare
 from pipelines.cards import Gate
@@ -142,6 +142,14 @@ def _with_policy(root, **policy) -> None:
 def test_gate_ships_a_build_and_registers_it(own_root):
     from mlflow.tracking import MlflowClient
 
+    from pipelines.cards import load_card
+    from pipelines.evaluate import evaluate
+    from pipelines.tracking import MlflowTracker
+
+    # the session's builds were evaluated without a store: their (unchanged) evaluations go to this one's
+    # runs, as `qeval run` logs them, for the regression gate below to read back
+    card, tracker = load_card("ref-small"), MlflowTracker("ref-small")
+    assert {evaluate(card, p, tracker).status for p in card.precisions} == {"skipped"}
     # a lenient policy: every quantized build of the same model passes on a handful of documents
     _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, prefer="memory", bootstrap_seed=7)
     done = _gate_cli(own_root, "gate", "--model", "ref-small", "--json")
@@ -173,14 +181,41 @@ def test_gate_ships_a_build_and_registers_it(own_root):
     view = json.loads(experiment.tags["mlflow.sharedViewState.qeval"])
     assert view["selectedColumns"][0] == "attributes.`Description`"
 
+    # the registered version's source is the checkpoint logged on the build's run: any machine reaching the
+    # store pulls it into an empty folder, and it is the gated build (same logits)
+    assert version.source == f"{run.info.artifact_uri}/quantize/checkpoint"
+    pulled = own_root / "elsewhere" / "ship"
+    got = _gate_cli(own_root, "pull", "--model", "ref-small", str(pulled), "--json")
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert last_json_line(got.stdout)["precision"] == decision["chosen"]
+    gated = own_root / "artifacts/ref-small" / decision["chosen"] / "quantize/checkpoint"
+    assert same_logits(pulled, gated)
+    again = _gate_cli(own_root, "pull", "--model", "ref-small", str(pulled))
+    assert again.returncode == 2 and "not an empty folder" in again.stderr
+
+    # a regression gate: every build also against the shipped one, on its records read from MLflow
+    against = _gate_cli(own_root, "gate", "--model", "ref-small", "--against", "ship", "--json")
+    assert against.returncode == 0, against.stderr[-2000:]
+    regated = last_json_line(against.stdout)["gate"]
+    assert regated["against"]["version"] == version.version and regated["against"]["precision"] == decision["chosen"]
+    for b in regated["builds"]:
+        assert set(b["vs_ship"]) == {"refkjv_ppl", "refkjv_next_verse", "refkjv_last_word"}
+        assert any(r["name"] == f"refkjv_ppl vs ship v{version.version} ({decision['chosen']})" for r in b["rules"])
+    itself = next(b for b in regated["builds"] if b["precision"] == decision["chosen"])
+    assert all(c["recovery"] == [1.0, 1.0, 1.0] for c in itself["vs_ship"].values())  # the same documents, scores
+
     # the report draws the decision the gate made, not one of its own
     shown = _gate_cli(own_root, "report", "--model", "ref-small")
     assert shown.returncode == 0, shown.stderr[-2000:]
     md = (own_root / "reports/ref-small/report.md").read_text()
     assert f"**Decision:** {decision['chosen']} " in md and decision["decided"] in md
 
-    # a strict speed rule no emulated build can meet: nothing ships, exit 1, the alias is gone
+    # a strict speed rule no emulated build can meet. A regression gate that nothing passes leaves what is
+    # deployed in place (exit 1); a plain gate withdraws it: nothing ships, exit 1, the alias is gone
     _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=50)
+    strict_against = _gate_cli(own_root, "gate", "--model", "ref-small", "--against", "ship")
+    assert strict_against.returncode == 1 and "nothing replaces ship v" in strict_against.stderr
+    assert client.get_model_version_by_alias("qeval-ref-small", "ship").version == version.version
     strict = _gate_cli(own_root, "gate", "--model", "ref-small", "--json")
     assert strict.returncode == 1, strict.stderr[-2000:]
     assert "nothing ships" in strict.stderr
