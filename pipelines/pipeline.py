@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipelines.bench import bench
 from pipelines.cards import ModelCard
+from pipelines.errors import QevalError
 from pipelines.evaluate import evaluate
 from pipelines.gate import gate
 from pipelines.quantize import quantize
@@ -44,15 +45,45 @@ class PipelineResult:
     report_files: list[Path]
 
 
-def run_pipeline(card: ModelCard, tracker: Tracker, *, force: bool = False) -> PipelineResult:
-    """Run the pipeline for one card; raise QevalError at the first stage that fails."""
+def run_pipeline(card: ModelCard, tracker: Tracker, *, force: bool = False, skip: tuple[str, ...] = (),
+                 ray_address: str | None = None) -> PipelineResult:  # fmt: skip
+    """Run the pipeline for one card; raise QevalError at the first stage that fails.
+
+    `skip`: stages left out. `ray_address`: each build's stages as one task on that Ray cluster
+    (pipelines/fanout.py); then a build that fails leaves the others' results, which are gated and
+    reported before the error is raised."""
     builds = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
-    steps = [(stage, precision) for stage in STAGES for precision in builds]
+    stages = [s for s in STAGES if s not in skip]
+    if ray_address:
+        return _on_ray(card, tracker, builds, stages, ray_address, force)
+    steps = [(stage, precision) for stage in stages for precision in builds]
     records = []
     for i, (stage, precision) in enumerate(steps, 1):
         log.info("[%d/%d] %s %s@%s", i, len(steps), stage, card.name, precision)
         records.append(STAGES[stage](card, precision, tracker, force=force))
+    return _decide(card, tracker, records)
+
+
+def _decide(card: ModelCard, tracker: Tracker, records: list[StageRecord]) -> PipelineResult:
     log.info("gate %s", card.name)
     decision = gate(card, tracker)
     log.info("report %s", card.name)
     return PipelineResult(records, decision, report(card, decision, tracker))
+
+
+def _on_ray(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], address: str,
+            force: bool) -> PipelineResult:  # fmt: skip
+    from pipelines.fanout import run_on_ray
+
+    outcomes = run_on_ray(card, builds, stages, address, force=force)
+    records = [r for o in outcomes for r in o.records]
+    failed = {o.precision: o.error for o in outcomes if o.error}
+    if card.gate.baseline in failed or len(failed) == len(builds) - 1:
+        raise QevalError(f"{card.name}: nothing to gate: " + "; ".join(f"{p}: {e}" for p, e in failed.items()))
+    if not failed:
+        return _decide(card, tracker, records)
+    finished = card.model_copy(update={"precisions": [p for p in builds if p not in failed]})
+    _decide(finished, tracker, records)
+    log.info("gated and reported the builds that finished (%s)", ", ".join(finished.precisions))
+    raise QevalError(f"{len(failed)} of {len(builds)} builds failed on Ray: "
+                     + "; ".join(f"{card.name}@{p}: {e}" for p, e in failed.items()))  # fmt: skip

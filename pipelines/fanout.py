@@ -1,0 +1,205 @@
+"""`qeval run --ray ADDRESS`: each build's chain of stages as one task on a Ray cluster.
+
+The driver (this process) submits one task per build, the baseline's first; each task runs its build's
+stages in order on whichever node Ray picks, in that node's own artifacts/ cache, and logs every stage
+to the tracking server, whose URI (and credentials, never printed) the driver passes down. A quantized
+build's evaluate and bench compare with the baseline's: before them, the task waits until the
+baseline's task has finished that stage in this fan-out (a small actor holds the milestones), then reads
+it from the tracking store (pipelines/sync.py). A task that fails returns its error and leaves the others
+running; the driver gates and reports the builds that finished once every task has ended.
+
+A task asks Ray for one GPU where the card names target GPUs and the cluster has GPUs, else for
+`cpus` CPUs (Ray sets the task's OMP_NUM_THREADS to match, and qeval's child processes inherit it).
+Ray is an optional extra: `pip install -e '.[ray]'`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.cards import ModelCard
+from pipelines.errors import QevalError
+from pipelines.progress import duration
+from pipelines.stages import StageRecord
+
+log = logging.getLogger(__name__)
+
+NEEDS_BASELINE = ("evaluate", "bench")
+"""A quantized build's stages that read the baseline's same stage (recovery, speed-up)."""
+CREDENTIALS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
+@dataclass
+class ChainOutcome:
+    """What one build's task did: its stages, in order, and the error that stopped it (None: all done)."""
+
+    precision: str
+    records: list[StageRecord] = field(default_factory=list)
+    error: str | None = None
+    seconds: float = 0.0
+    node: str = ""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise QevalError("--ray needs Ray, an optional extra: pip install -e '.[ray]' (or: make ray)") from None
+    return ray
+
+
+def _milestones_actor(ray):
+    """An actor that records which of the baseline's stages have finished in this fan-out."""
+
+    @ray.remote(num_cpus=0)
+    class Milestones:
+        def __init__(self) -> None:
+            import asyncio
+
+            self.reached: set[str] = set()
+            self.error: str | None = None
+            self.changed = asyncio.Condition()
+
+        async def mark(self, stage: str | None, error: str | None = None) -> None:
+            async with self.changed:
+                if stage:
+                    self.reached.add(stage)
+                self.error = error or self.error
+                self.changed.notify_all()
+
+        async def wait(self, stage: str) -> str | None:
+            """None once `stage` has finished; the baseline's error if its task ended without it."""
+            async with self.changed:
+                await self.changed.wait_for(lambda: stage in self.reached or self.error is not None)
+                return None if stage in self.reached else self.error
+
+    return Milestones
+
+
+def _chain_logging() -> None:
+    """In a Ray worker: qeval's INFO lines to stderr, which Ray forwards to the driver with the task's name."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    handler.setLevel(logging.INFO)
+    root.setLevel(logging.INFO)
+    for ours in ("pipelines", "eval", "quant"):
+        logging.getLogger(ours).setLevel(logging.DEBUG)  # to each stage's log; the console handler keeps INFO
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
+def chain(
+    card: ModelCard, precision: str, stages: list[str], force: bool, env: dict[str, str], milestones
+) -> ChainOutcome:
+    """One build's stages, in a Ray worker. Returns (never raises) what was done and what stopped it."""
+    import platform
+
+    from pipelines.pipeline import STAGES
+    from pipelines.sync import fetch_stage
+    from pipelines.tracking import MlflowTracker
+
+    os.environ.update(env)
+    _chain_logging()
+    baseline = precision == card.gate.baseline
+    outcome, t0 = ChainOutcome(precision, node=platform.node()), time.perf_counter()
+    stage = None
+    try:
+        tracker = MlflowTracker(card.name)
+        for stage in stages:
+            if not baseline and stage in NEEDS_BASELINE:
+                _wait_for_baseline(card, precision, tracker, stage, milestones, fetch_stage)
+            outcome.records.append(STAGES[stage](card, precision, tracker, force=force))
+            if baseline:
+                milestones.mark.remote(stage)
+    except BaseException as e:  # everything a stage can raise ends this build, not the fan-out
+        outcome.error = str(e) if isinstance(e, QevalError) else f"{type(e).__name__}: {e}"
+        if baseline:
+            milestones.mark.remote(None, f"the baseline's {stage} failed: {outcome.error}")
+    outcome.seconds = time.perf_counter() - t0
+    return outcome
+
+
+def _wait_for_baseline(card: ModelCard, precision: str, tracker, stage: str, milestones, fetch_stage) -> None:
+    import ray
+
+    base = card.gate.baseline
+    log.info("%s@%s %s: waiting for the baseline's (%s@%s)", card.name, precision, stage, card.name, base)
+    error = ray.get(milestones.wait.remote(stage))
+    if error is not None:
+        raise QevalError(error)
+    run_id = tracker.find_run(base)
+    if run_id is None or not fetch_stage(tracker, run_id, base, stage):
+        raise QevalError(f"the baseline's {stage} finished but its MLflow run does not hold it")
+
+
+def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: str, *, force: bool = False,
+               cpus: float = 1.0) -> list[ChainOutcome]:  # fmt: skip
+    """Every build's chain as a Ray task on the cluster at `address`; their outcomes, in `builds`' order."""
+    ray = _ray()
+    from pipelines.tracking import tracking_uri
+
+    env = {k: os.environ[k] for k in CREDENTIALS if os.environ.get(k)}
+    env["MLFLOW_TRACKING_URI"] = tracking_uri()
+    if env["MLFLOW_TRACKING_URI"].startswith("sqlite:"):
+        log.warning("--ray with a local SQLite store: every node must see %s (set MLFLOW_TRACKING_URI to a "
+                    "tracking server for a cluster of several machines)", env["MLFLOW_TRACKING_URI"])  # fmt: skip
+    if not sys.stderr.isatty():  # Ray colours the task prefix of forwarded lines; a log file gets plain text
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True, configure_logging=False)
+    except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError for a bad address
+        raise QevalError(f"cannot join the Ray cluster at {address}: {str(e).splitlines()[0][:300]}") from None
+    try:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        need: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1} if gpus and card.target_gpus else {"num_cpus": cpus}
+        log.info("Ray cluster %s: %s; one task per build, each asking for %s", address,
+                 _resources(ray.cluster_resources()), _resources(need))  # fmt: skip
+        milestones = _milestones_actor(ray).remote()
+        task = ray.remote(chain)
+        pending = {  # the baseline first: Ray starts tasks in the order they were submitted
+            task.options(name=f"{card.name}@{p}", max_retries=0, **need).remote(
+                card, p, stages, force, env, milestones
+            ): p
+            for p in builds
+        }
+        return _collect(ray, card, pending, builds)
+    finally:
+        ray.shutdown()
+
+
+def _resources(r: dict[str, Any]) -> str:
+    """'2 CPU, 1 GPU' from Ray's cluster resources or a task's options (num_cpus, num_gpus)."""
+    named = {k.removeprefix("num_").removesuffix("s").upper(): v for k, v in r.items()}
+    return ", ".join(f"{named[k]:g} {k}" for k in ("CPU", "GPU") if named.get(k))
+
+
+def _collect(ray, card: ModelCard, pending: dict, builds: list[str]) -> list[ChainOutcome]:
+    """Wait for every task; say when each ends, and every 30 s which are still running."""
+    from pipelines.progress import EVERY_S
+
+    done: dict[str, ChainOutcome] = {}
+    t0 = time.perf_counter()
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=EVERY_S)
+        for ref in ready:
+            precision = pending.pop(ref)
+            try:
+                outcome = ray.get(ref)
+            except Exception as e:  # the worker died (out of memory, node lost)
+                outcome = ChainOutcome(precision, error=f"the Ray task died: {str(e).splitlines()[0][:300]}")
+            done[precision] = outcome
+            if outcome.error:
+                log.error("%s@%s: failed after %s: %s", card.name, precision, duration(outcome.seconds), outcome.error)
+            else:
+                log.info("%s@%s: %d stages done in %s on %s", card.name, precision, len(outcome.records),
+                         duration(outcome.seconds), outcome.node)  # fmt: skip
+        if pending and not ready:
+            running = ", ".join(sorted(pending.values()))
+            log.info("%s: %s running on Ray, %s elapsed", card.name, running, duration(time.perf_counter() - t0))
+    return [done[p] for p in builds]

@@ -1,0 +1,208 @@
+"""Team scale for real: PostgreSQL, an MLflow server over it with proxied artifacts, a Ray cluster.
+
+Two `ref-small` builds fan out on Ray and log to the server; the gate then runs on a machine with an empty
+folder and reaches the decision the run reached; the shipped build is pulled into an empty folder and
+gives the gated build's logits; no credential appears in anything qeval printed, logged or wrote.
+
+Everything runs inside a network namespace of its own that has only loopback (`unshare -n`): Ray listens
+on all interfaces and connects through the machine's own address unless that is the only one it has.
+The processes inside are started with `nsenter`; this process (outside) only reads their output and files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SMALL, last_json_line, same_logits
+
+PG_BIN = next((p.parent for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
+VENV_BIN = Path(sys.executable).parent
+WHY_NOT = (
+    "needs root (unshare -n, nsenter)" if os.geteuid() != 0
+    else "needs PostgreSQL's server (Debian package postgresql; make test installs it)" if PG_BIN is None
+    else "needs Ray (pip install -e '.[ray]'; make test installs it)" if not (VENV_BIN / "ray").exists()
+    else None
+)  # fmt: skip
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")]
+
+
+class Namespace:
+    """A network namespace with only `lo`, held open by a sleeping process; commands run in it via nsenter."""
+
+    def __init__(self) -> None:
+        self.holder = subprocess.Popen(["unshare", "-n", "sh", "-c", "ip link set lo up && exec sleep infinity"])
+        for _ in range(50):  # until `lo` is up in there
+            if "127.0.0.1" in self.run(["ip", "-brief", "addr"]).stdout:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the network namespace's loopback did not come up")
+
+    def cmd(self, args: list[str]) -> list[str]:
+        return ["nsenter", "-t", str(self.holder.pid), "-n", "--", *args]
+
+    def run(self, args: list[str], **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(self.cmd(args), capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
+
+    def start(self, args: list[str], log: Path, **kw) -> subprocess.Popen:
+        with log.open("w") as f:
+            return subprocess.Popen(self.cmd(args), stdout=f, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+
+    def close(self) -> None:
+        self.holder.kill()
+        self.holder.wait()
+
+
+def _as_postgres(args: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: its tools run as the `postgres` user there."""
+    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory) -> Iterator[dict]:
+    """PostgreSQL, an MLflow server over it (proxied artifacts) and a Ray head, in one loopback namespace."""
+    ns = Namespace()
+    root = tmp_path_factory.mktemp("team")
+    # Ray's unix sockets must fit in 107 bytes, and the postgres user must reach its cluster (pytest's own
+    # folders are private to root): a short folder of their own
+    short = Path(tempfile.mkdtemp(prefix="qteam", dir="/tmp"))
+    short.chmod(0o755)
+    ray_tmp, pg = short / "ray", short / "pg"
+    procs: list[subprocess.Popen] = []
+    password = secrets.token_hex(12)
+    pg.mkdir()
+    (pg / "pw").write_text(password + "\n")
+    if os.geteuid() == 0:
+        for path in (pg, pg / "pw"):
+            shutil.chown(path, "postgres")
+    try:
+        init = subprocess.run(
+            _as_postgres([str(PG_BIN / "initdb"), "-D", str(pg / "data"), "-U", "qeval", "-A", "scram-sha-256",
+                          f"--pwfile={pg / 'pw'}"]), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert init.returncode == 0, init.stderr
+        (pg / "pw").unlink()
+        opts = f"-c listen_addresses=127.0.0.1 -p 5432 -k {pg}"
+        start = ns.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(pg / "data"), "-o", opts, "-l",
+                                     str(pg / "server.log"), "-w", "start"]))  # fmt: skip
+        assert start.returncode == 0, start.stderr + start.stdout
+        made = ns.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-U", "qeval", "mlflow"],
+                      env={**os.environ, "PGPASSWORD": password})  # fmt: skip
+        assert made.returncode == 0, made.stderr
+
+        store = root / "artifact-store"  # stands in for an object store behind the server
+        backend = f"postgresql://qeval:{password}@127.0.0.1:5432/mlflow"
+        server = [str(VENV_BIN / "python"), "-m", "mlflow", "server", "--backend-store-uri", backend,
+                  "--serve-artifacts", "--artifacts-destination", str(store), "--host", "127.0.0.1",
+                  "--port", "5000", "--workers", "1"]  # fmt: skip
+        procs.append(ns.start(server, root / "mlflow-server.log"))
+        uri = "http://127.0.0.1:5000"
+        probe = [str(VENV_BIN / "python"), "-c", f"import httpx; httpx.get('{uri}/health').raise_for_status()"]
+        for _ in range(120):
+            if ns.run(probe).returncode == 0:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail("the MLflow server did not come up: " + (root / "mlflow-server.log").read_text()[-2000:])
+
+        worker = root / "worker"  # the Ray node's own artifacts cache
+        head = ns.run(
+            [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", "--port=6379", "--num-cpus=2",
+             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={ray_tmp}"],
+            env={**os.environ, "QEVAL_WORKDIR": str(worker), "RAY_USAGE_STATS_ENABLED": "0"},
+        )  # fmt: skip
+        assert head.returncode == 0, head.stderr[-2000:]
+        yield {"ns": ns, "root": root, "uri": uri, "ray": "127.0.0.1:6379", "worker": worker, "store": store,
+               "password": password}  # fmt: skip
+    finally:
+        ns.run([str(VENV_BIN / "ray"), "stop", "--force"], timeout=60)
+        for p in procs:
+            os.killpg(p.pid, 15)
+            p.wait(timeout=30)
+        ns.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(pg / "data"), "-m", "fast", "stop"]))
+        ns.close()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _card(folder: Path) -> Path:
+    """ref-small (tests/conftest.py) with two builds, and a lenient policy so that one ships and can be pulled."""
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: ref-small")
+    for a, b in SMALL.items():
+        text = text.replace(a, b)
+    text = text.replace("precisions: [bf16, fp8, int8, awq, gptq]", "precisions: [bf16, int8]")
+    text = text[: text.index("gate:")] + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n  min_speedup: null\n"
+    cards = folder / "cards"
+    cards.mkdir(parents=True)
+    (cards / "ref-small.yaml").write_text(text)
+    return cards
+
+
+def _qeval(team: dict, workdir: Path, cards: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "QEVAL_WORKDIR": str(workdir), "QEVAL_CARDS_DIR": str(cards),
+           "MLFLOW_TRACKING_URI": team["uri"], "QEVAL_PROGRESS_S": "10"}  # fmt: skip
+    return team["ns"].run([str(VENV_BIN / "qeval"), *args], env=env, cwd=REPO, timeout=timeout)
+
+
+def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team):
+    root = team["root"]
+    cards = _card(root / "shared")
+    driver, gater, deploy = root / "driver", root / "gater", root / "deploy"
+
+    # two builds at once on the cluster, logging to the PostgreSQL-backed server
+    run = _qeval(team, driver, cards, "run", "--model", "ref-small", "--precision", "int8", "--skip", "serve",
+                 "--ray", team["ray"], "--json")  # fmt: skip
+    (root / "run.log").write_text(run.stderr)  # kept with the test's folder, to read what the user saw
+    assert run.returncode == 0, run.stderr[-4000:]
+    decided = last_json_line(run.stdout)["gate"]
+    assert decided["chosen"] == "int8", decided["why"]
+    assert "ref-small@bf16: 4 stages done" in run.stderr and "ref-small@int8: 4 stages done" in run.stderr
+    # each build's stages ran on the Ray node, in its own cache; the two chains overlapped in time
+    spans = {}
+    for p in ("bf16", "int8"):
+        manifests = [
+            json.loads(m.read_text()) for m in (team["worker"] / "artifacts/ref-small" / p).glob("*/manifest.json")
+        ]
+        assert {m["stage"] for m in manifests} == {"quantize", "evaluate", "bench", "size"}
+        starts = [time.mktime(time.strptime(m["started"][:19], "%Y-%m-%dT%H:%M:%S")) for m in manifests]
+        spans[p] = (min(starts), max(s + m["seconds"] for s, m in zip(starts, manifests, strict=True)))
+    assert spans["int8"][0] < spans["bf16"][1], spans  # int8 started (quantizing) before the baseline was done
+    # the driver has the judged stages it read back from the store, and no checkpoint
+    assert (driver / "artifacts/ref-small/int8/evaluate/manifest.json").is_file()
+    assert not (driver / "artifacts/ref-small/int8/quantize").exists()
+
+    # another machine, an empty folder, the same server: the same decision
+    gate = _qeval(team, gater, cards, "gate", "--model", "ref-small", "--json", timeout=300)
+    assert gate.returncode == 0, gate.stderr[-4000:]
+    again = last_json_line(gate.stdout)["gate"]
+    assert again["chosen"] == decided["chosen"]
+    for a, b in zip(again["builds"], decided["builds"], strict=True):
+        assert a["verdict"] == b["verdict"] and a["tasks"] == b["tasks"]
+    assert again["registered"]["source"].startswith("mlflow-artifacts:/")  # the server's proxied store
+
+    # a deploy job pulls what ships into an empty folder: it loads and is the gated build
+    pulled = _qeval(team, deploy, cards, "pull", "--model", "ref-small", str(deploy / "model"), "--json")
+    assert pulled.returncode == 0, pulled.stderr[-2000:]
+    assert same_logits(deploy / "model", team["worker"] / "artifacts/ref-small/int8/quantize/checkpoint")
+
+    # the database password is in no output, log, param, tag or artifact of qeval's
+    dump = [str(VENV_BIN / "python"), "-c", (
+        "import json; from mlflow.tracking import MlflowClient; c = MlflowClient('" + team["uri"] + "'); "
+        "print(json.dumps([[r.data.params, r.data.tags] for e in c.search_experiments() "
+        "for r in c.search_runs([e.experiment_id], run_view_type=3)]))")]  # fmt: skip
+    logged = team["ns"].run(dump)
+    assert logged.returncode == 0 and "qeval.precision" in logged.stdout, logged.stderr[-2000:]
+    printed = [run.stdout, run.stderr, gate.stdout, gate.stderr, pulled.stdout, pulled.stderr, logged.stdout]
+    assert not [t for t in printed if team["password"] in t]
+    written = [f for folder in (team["worker"], driver, gater, deploy, team["store"]) for f in folder.rglob("*")
+               if f.is_file() and team["password"].encode() in f.read_bytes()]  # fmt: skip
+    assert written == []
