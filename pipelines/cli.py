@@ -114,6 +114,17 @@ def _builds_table(records: list[StageRecord], decision) -> Table:
     return table
 
 
+def _only(card: ModelCard, precisions: list[str] | None) -> ModelCard:
+    """The card restricted to these builds and its baseline (all of them when None)."""
+    for p in precisions or []:
+        card.require_precision(p)
+    if not precisions:
+        return card
+    return card.model_copy(
+        update={"precisions": [card.gate.baseline, *(p for p in precisions if p != card.gate.baseline)]}
+    )
+
+
 def _tracker(model: str):
     from pipelines.tracking import MlflowTracker
 
@@ -337,15 +348,10 @@ def run(
     """
     from pipelines.pipeline import STAGES, run_pipeline
 
-    card = cards_mod.load_card(model)
-    for p in precision or []:
-        card.require_precision(p)
     unknown = sorted(set(skip or []) - set(STAGES))
     if unknown:
         raise QevalError(f"--skip: unknown stage {', '.join(unknown)}; stages: {', '.join(STAGES)}")
-    if precision:  # the gate judges the builds run now against the baseline
-        chosen = [card.gate.baseline, *(p for p in precision if p != card.gate.baseline)]
-        card = card.model_copy(update={"precisions": chosen})
+    card = _only(cards_mod.load_card(model), precision)
     result = run_pipeline(card, _tracker(model), force=force, skip=tuple(skip or ()), ray_address=ray_address)
     out.print(_builds_table(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
@@ -365,6 +371,9 @@ def gate(
         str | None,
         typer.Option(help="'ship': also compare every build with the build that ships now (a regression gate)"),
     ] = None,
+    precision: Annotated[
+        list[str] | None, typer.Option(help="build to judge; repeat for several (default: all the card's)")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Decide which quantized build ships, under the card's gate policy (exit 1: none passes).
@@ -374,7 +383,7 @@ def gate(
 
     if against not in (None, "ship"):
         raise QevalError(f"--against takes 'ship' (the build alias ship points at), not '{against}'")
-    card = cards_mod.load_card(model)
+    card = _only(cards_mod.load_card(model), precision)
     _gate_outcome(run_gate(card, _tracker(model), against=against), as_json)
 
 

@@ -135,11 +135,11 @@ def team(tmp_path_factory) -> Iterator[dict]:
 
 
 def _card(folder: Path) -> Path:
-    """ref-small (tests/conftest.py) with two builds, and a lenient policy so that one ships and can be pulled."""
+    """ref-small (tests/conftest.py) with three builds, and a lenient policy so that one ships and can be pulled."""
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: ref-small")
     for a, b in SMALL.items():
         text = text.replace(a, b)
-    text = text.replace("precisions: [bf16, fp8, int8, awq, gptq]", "precisions: [bf16, int8]")
+    text = text.replace("precisions: [bf16, fp8, int8, awq, gptq]", "precisions: [bf16, int8, fp8]")
     text = text[: text.index("gate:")] + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n  min_speedup: null\n"
     cards = folder / "cards"
     cards.mkdir(parents=True)
@@ -158,14 +158,19 @@ def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team):
     cards = _card(root / "shared")
     driver, gater, deploy = root / "driver", root / "gater", root / "deploy"
 
-    # two builds at once on the cluster, logging to the PostgreSQL-backed server
-    run = _qeval(team, driver, cards, "run", "--model", "ref-small", "--precision", "int8", "--skip", "serve",
-                 "--ray", team["ray"], "--json")  # fmt: skip
+    # two builds at once on the cluster, logging to the PostgreSQL-backed server; a third fails at once (its
+    # folder on the node cannot be made) and leaves the others alone, which are gated and reported
+    (team["worker"] / "artifacts/ref-small").mkdir(parents=True)
+    (team["worker"] / "artifacts/ref-small/fp8").write_text("not a folder")
+    run = _qeval(team, driver, cards, "run", "--model", "ref-small", "--precision", "int8", "--precision", "fp8",
+                 "--skip", "serve", "--ray", team["ray"])  # fmt: skip
     (root / "run.log").write_text(run.stderr)  # kept with the test's folder, to read what the user saw
-    assert run.returncode == 0, run.stderr[-4000:]
-    decided = last_json_line(run.stdout)["gate"]
-    assert decided["chosen"] == "int8", decided["why"]
+    assert run.returncode == 2, run.stderr[-4000:]
+    assert "1 of 3 builds failed on Ray: ref-small@fp8: cannot write artifacts" in run.stderr
     assert "ref-small@bf16: 4 stages done" in run.stderr and "ref-small@int8: 4 stages done" in run.stderr
+    decided = json.loads((driver / "artifacts/ref-small/gate.json").read_text())
+    assert decided["chosen"] == "int8" and [b["precision"] for b in decided["builds"]] == ["int8"], decided["why"]
+    assert (driver / "reports/ref-small/report.md").is_file()
     # each build's stages ran on the Ray node, in its own cache; the two chains overlapped in time
     spans = {}
     for p in ("bf16", "int8"):
@@ -181,7 +186,7 @@ def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team):
     assert not (driver / "artifacts/ref-small/int8/quantize").exists()
 
     # another machine, an empty folder, the same server: the same decision
-    gate = _qeval(team, gater, cards, "gate", "--model", "ref-small", "--json", timeout=300)
+    gate = _qeval(team, gater, cards, "gate", "--model", "ref-small", "--precision", "int8", "--json", timeout=300)
     assert gate.returncode == 0, gate.stderr[-4000:]
     again = last_json_line(gate.stdout)["gate"]
     assert again["chosen"] == decided["chosen"]
