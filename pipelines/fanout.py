@@ -201,5 +201,5 @@ def _collect(ray, card: ModelCard, pending: dict, builds: list[str]) -> list[Cha
                          duration(outcome.seconds), outcome.node)  # fmt: skip
         if pending and not ready:
             running = ", ".join(sorted(pending.values()))
-            log.info("%s: %s running on Ray, %s elapsed", card.name, running, duration(time.perf_counter() - t0))
+            log.info("%s: %s not finished on Ray, %s elapsed", card.name, running, duration(time.perf_counter() - t0))
     return [done[p] for p in builds]

@@ -78,7 +78,7 @@ def _on_ray(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[s
     outcomes = run_on_ray(card, builds, stages, address, force=force)
     records = [r for o in outcomes for r in o.records]
     failed = {o.precision: o.error for o in outcomes if o.error}
-    if card.gate.baseline in failed or len(failed) == len(builds) - 1:
+    if failed and (card.gate.baseline in failed or len(failed) == len(builds) - 1):
         raise QevalError(f"{card.name}: nothing to gate: " + "; ".join(f"{p}: {e}" for p, e in failed.items()))
     if not failed:
         return _decide(card, tracker, records)
