@@ -46,6 +46,7 @@ def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug 
     for var in ("MLFLOW_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY"):
         os.environ.setdefault(var, "true" if var.startswith("MLFLOW") else "1")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars are not qeval's progress
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # a "View run" line per stage logged
     console: logging.Handler
     if err.is_terminal:
         console = RichHandler(console=err, show_path=False, rich_tracebacks=False)
@@ -436,7 +437,8 @@ def ui(
     """Browse the runs in the MLflow UI (Ctrl-C stops it); prints each model's runs-table address."""
     from pipelines.mlflow_names import view_url
     from pipelines.procs import stop_process_group
-    from pipelines.tracking import experiment_ids, redact, tracking_uri, ui_command
+    from pipelines.store_uri import redact, tracking_uri
+    from pipelines.tracking import experiment_ids, ui_command
 
     with socket.socket() as probe:  # uvicorn would only log "address in use" and exit 0
         try:

@@ -105,6 +105,8 @@ def chain(
     from pipelines.tracking import MlflowTracker
 
     os.environ.update(env)
+    for quiet in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"):  # as the CLI
+        os.environ.setdefault(quiet, "false" if "PROGRESS" in quiet else "true")
     _chain_logging()
     baseline = precision == card.gate.baseline
     outcome, t0 = ChainOutcome(precision, node=platform.node()), time.perf_counter()
@@ -142,7 +144,7 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
                cpus: float = 1.0) -> list[ChainOutcome]:  # fmt: skip
     """Every build's chain as a Ray task on the cluster at `address`; their outcomes, in `builds`' order."""
     ray = _ray()
-    from pipelines.tracking import tracking_uri
+    from pipelines.store_uri import tracking_uri
 
     env = {k: os.environ[k] for k in CREDENTIALS if os.environ.get(k)}
     env["MLFLOW_TRACKING_URI"] = tracking_uri()

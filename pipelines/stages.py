@@ -30,7 +30,8 @@ from pipelines import progress
 from pipelines.errors import QevalError
 from pipelines.paths import REPO_ROOT, STAGE_LOG, file_digest
 from pipelines.results import STAGES, CodeVersion, Manifest, StageResult, build_dir, read_manifest, write_manifest
-from pipelines.tracking import ParamsChanged, Tracker, store_error
+from pipelines.store_uri import store_error
+from pipelines.tracking import ParamsChanged, Tracker
 
 log = logging.getLogger(__name__)
 

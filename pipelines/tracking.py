@@ -1,6 +1,7 @@
 """MLflow: the only module that imports mlflow; it writes the names of pipelines/mlflow_names.py to the store.
 
-The store is $MLFLOW_TRACKING_URI, else SQLite at mlruns/mlflow.db with artifacts under mlruns/artifacts/.
+The store is $MLFLOW_TRACKING_URI, else SQLite at mlruns/mlflow.db with artifacts under mlruns/artifacts/
+(pipelines/store_uri.py: the address, its credentials, its health check, and errors without secrets).
 MlflowTracker is what the stages, the gate and the report log through; tests that are not about
 tracking pass a stand-in that keeps the same in memory (tests/memory_tracker.py).
 """
@@ -10,13 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pipelines.errors import QevalError
 from pipelines.mlflow_names import (
@@ -49,90 +48,24 @@ from pipelines.mlflow_names import (
     verdict_metrics,
     verdict_tags,
 )
-from pipelines.paths import mlruns_dir
 from pipelines.results import Decision, Manifest
+from pipelines.store_uri import (
+    HTTP_DEFAULTS,
+    check_server,
+    redact,
+    scrub,
+    sqlite_path,
+    tracking_uri,
+    without_credentials,
+)
 
 log = logging.getLogger(__name__)
-
-
-def tracking_uri() -> str:
-    """$MLFLOW_TRACKING_URI, else the SQLite store under mlruns/."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
-
-
-HEALTH_TIMEOUT_S = 5.0  # a tracking server that does not answer /health within this is not used
-# MLflow's own HTTP client retries 7 times with backoff (about 4 minutes against a dead server) and waits
-# 120 s per request; qeval checks the server first, so later requests get fewer, shorter tries
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-
-
-def without_credentials(uri: str) -> str:
-    """The URI without user name and password, which move to MLflow's own variables for its HTTP client:
-    nothing MLflow prints (its "View run ... at:" lines, its errors) then carries them."""
-    parts = urlsplit(uri)
-    if not (parts.username or parts.password):
-        return uri
-    if parts.username:
-        os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parts.username)
-    if parts.password:
-        os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(parts.password)
-    return urlunsplit(parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")))
-
-
-def check_server(uri: str) -> None:
-    """One quick look at an HTTP tracking server before any work: it must answer /health in seconds."""
-    import httpx
-
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    try:
-        r = httpx.get(
-            uri.rstrip("/") + "/health", timeout=HEALTH_TIMEOUT_S, auth=(user, password or "") if user else None
-        )
-        r.raise_for_status()
-    except httpx.HTTPError as e:
-        why = "no answer" if isinstance(e, httpx.TimeoutException) else type(e).__name__
-        raise QevalError(
-            f"tracking server {redact(uri)} does not answer /health within {HEALTH_TIMEOUT_S:g} s ({why}); "
-            f"start it or fix MLFLOW_TRACKING_URI, or unset it to use the local store"
-        ) from None
-
-
-def redact(uri: str) -> str:
-    """The URI without user name or password, for messages."""
-    parts = urlsplit(uri)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return uri
-
-
-def store_error(uri: str, e: Exception) -> str:
-    """One line for an exception from the store: what went wrong and the fix, no credentials.
-
-    SQLAlchemy puts its autoflush advice first and SQLite's own reason after it; the reason is what a
-    user needs."""
-    text = scrub(str(e))
-    unwritable = ("readonly database", "read-only file system", "disk I/O error", "database or disk is full")
-    if found := next((u for u in unwritable if u.lower() in text.lower()), None):
-        return (
-            f"the MLflow store {redact(uri)} cannot be written ({found}: a read-only, full or immutable file); "
-            f"make it writable, or set MLFLOW_TRACKING_URI or QEVAL_WORKDIR to a writable place"
-        )
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    reason = next((line for line in lines if "Error)" in line or "Error:" in line), lines[0] if lines else "")
-    return f"the MLflow store {redact(uri)} failed: {type(e).__name__}: {reason[:300]}"
-
-
-def scrub(text: str) -> str:
-    """`text` with any credentials in URLs (`scheme://user:password@host`) replaced by ***."""
-    return re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", text)
 
 
 def experiment_ids() -> dict[str, str]:
     """Model -> experiment id, for every qeval experiment in the store (none when there is no store yet)."""
     uri = without_credentials(tracking_uri())
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.is_file():
         return {}
     from mlflow.tracking import MlflowClient
@@ -146,7 +79,7 @@ def experiment_ids() -> dict[str, str]:
 def ui_command(host: str, port: int | str) -> list[str]:
     """The command that serves the MLflow UI over the store."""
     uri = tracking_uri()
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
     return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
@@ -159,17 +92,13 @@ class ParamsChanged(Exception):
     """A stage reran with other settings: MLflow params are immutable, so the build needs a new run."""
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-
-
 @contextmanager
 def _store_lock(uri: str) -> Iterator[None]:
     """Serialise store creation and experiment/run creation between processes sharing a SQLite store.
 
     Twelve processes creating a fresh MLflow database at once all failed (docs/toolchain.md).
     """
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None:
         yield
         return
@@ -185,7 +114,7 @@ class MlflowTracker:
     def __init__(self, model: str, uri: str | None = None):
         self.model = model
         self.uri = without_credentials(uri or tracking_uri())
-        db = _sqlite_path(self.uri)
+        db = sqlite_path(self.uri)
         if self.uri.startswith(("http://", "https://")):
             for name, value in HTTP_DEFAULTS.items():
                 os.environ.setdefault(name, value)
@@ -217,7 +146,7 @@ class MlflowTracker:
             if exp.tags.get(TAG_VIEW) != view:  # a store made by an earlier qeval gets this one's view
                 self.client.set_experiment_tag(exp.experiment_id, TAG_VIEW, view)
             return exp.experiment_id
-        db = _sqlite_path(self.uri)
+        db = sqlite_path(self.uri)
         location = str(db.parent / "artifacts" / self.model) if db is not None else None
         return self.client.create_experiment(
             name, artifact_location=location, tags=dict([EXPERIMENT_KIND_TAG, (TAG_VIEW, view)])

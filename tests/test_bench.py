@@ -10,7 +10,8 @@ from mlflow.tracking import MlflowClient
 
 from pipelines.bench import bench
 from pipelines.errors import QevalError
-from pipelines.tracking import MlflowTracker, tracking_uri
+from pipelines.store_uri import tracking_uri
+from pipelines.tracking import MlflowTracker
 
 pytestmark = pytest.mark.slow
 

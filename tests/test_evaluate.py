@@ -16,7 +16,8 @@ from eval.compare import recovery
 from pipelines.cards import load_card
 from pipelines.errors import QevalError
 from pipelines.evaluate import evaluate
-from pipelines.tracking import MlflowTracker, tracking_uri
+from pipelines.store_uri import tracking_uri
+from pipelines.tracking import MlflowTracker
 
 pytestmark = pytest.mark.slow
 TASKS = ("refkjv_ppl", "refkjv_next_verse", "refkjv_last_word")

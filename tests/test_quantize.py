@@ -14,7 +14,8 @@ from pipelines.cards import load_card
 from pipelines.errors import QevalError
 from pipelines.quantize import quantize
 from pipelines.results import Quantized, finished
-from pipelines.tracking import MlflowTracker, tracking_uri
+from pipelines.store_uri import tracking_uri
+from pipelines.tracking import MlflowTracker
 from quant.build import misaligned_layers
 from quant.calibration import MIN_TOKENS, CalibrationSpec, prepare
 from quant.precisions import PRECISIONS, build_recipe

@@ -14,7 +14,8 @@ from conftest import REPO, root_env
 from eval.serving import read_csv
 from pipelines.cards import load_card
 from pipelines.serve_bench import serve_bench
-from pipelines.tracking import MlflowTracker, tracking_uri
+from pipelines.store_uri import tracking_uri
+from pipelines.tracking import MlflowTracker
 
 pytestmark = pytest.mark.slow
 

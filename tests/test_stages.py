@@ -11,7 +11,8 @@ from mlflow.tracking import MlflowClient
 from pipelines.errors import QevalError
 from pipelines.results import Quantized, Sized, finished, stage_dir
 from pipelines.stages import code_version, run_stage
-from pipelines.tracking import MlflowTracker, tracking_uri
+from pipelines.store_uri import tracking_uri
+from pipelines.tracking import MlflowTracker
 
 CODE = [Path(__file__)]
 

@@ -26,7 +26,8 @@ from pipelines.mlflow_names import (
     logged,
 )
 from pipelines.results import Evaluated, Quantized
-from pipelines.tracking import MlflowTracker, redact, tracking_uri
+from pipelines.store_uri import redact, tracking_uri
+from pipelines.tracking import MlflowTracker
 from quant.build import QuantizeConfig
 from quant.verify import VerifyConfig
 
