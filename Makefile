@@ -108,7 +108,7 @@ postgresql:
 	@scripts/install-postgresql.sh
 
 test: $(STAMP) $(TEAM_STAMP) $(ENGINE_STAMP) browser postgresql
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=12
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -170,7 +170,12 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
             ): p
             for p in builds
         }
-        return _collect(ray, card, pending, builds)
+        try:
+            return _collect(ray, card, pending, builds)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the builds' tasks stop too, not only this driver
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
     finally:
         ray.shutdown()
 

@@ -92,7 +92,7 @@ def _build(
     offline = offline_env(card)
     made = run_child("quant.build:quantize_checkpoint", cfg, out, build_mod.QuantizeResult, out / STAGE_LOG, offline)
     checkpoint = out / build_mod.CHECKPOINT_DIR
-    shutil.copy(checkpoint / "recipe.yaml", out / "recipe.yaml")  # logged; the weights are not
+    shutil.copy(checkpoint / "recipe.yaml", out / "recipe.yaml")  # the recipe at the top of the run page too
     here = check.model_copy(update={"checkpoint": str(checkpoint)})
     proof = run_child("quant.verify:verify_checkpoint", here, out, verify.VerifyResult, out / STAGE_LOG, offline)
     final = stage_dir(card.name, cfg.precision, Quantized.STAGE) / build_mod.CHECKPOINT_DIR  # once in place

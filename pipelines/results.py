@@ -65,7 +65,7 @@ class StageResult(_Result):
     COMMAND: ClassVar[str]
     """The qeval subcommand that runs the stage."""
     UNLOGGED: ClassVar[tuple[str, ...]] = ()
-    """Names in the stage folder kept out of MLflow (a multi-GB checkpoint)."""
+    """Names in the stage folder kept out of MLflow (none of the stages keeps any out today)."""
 
     def headline(self) -> str:
         """One line for people: the stage's main figures."""

@@ -109,6 +109,7 @@ def fetch_shipped(card: ModelCard, tracker: Tracker) -> tuple[dict[str, str], tu
 
 def pull(tracker: Tracker, alias: str, folder: Path) -> dict:
     """The registry version behind `alias` (its build's checkpoint) into `folder`, whole or not at all."""
+    folder = folder.resolve()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise QevalError(f"{folder} exists and is not an empty folder; name a new one")
     scratch = folder.with_name(f".{folder.name}.pull-{os.getpid()}")

@@ -83,7 +83,8 @@ def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_pa
            "--default-artifact-root", str(store / "artifacts"), "--host", "127.0.0.1", "--port", "{port}"]  # fmt: skip
     with running(cmd, tmp_path / "mlflow.log", 120, "mlflow server") as url:
         uri = url.replace("http://", f"http://alice:{PASSWORD}@")
-        env = {**root_env(own_root), "MLFLOW_TRACKING_URI": uri}
+        # qeval turns MLflow's "View run ... at:" lines off; a user who turns them on gets them without credentials
+        env = {**root_env(own_root), "MLFLOW_TRACKING_URI": uri, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "false"}
         done, _ = _qeval("size", "--log", "--model", "ref-small", "--precision", "awq", env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "View run" in done.stdout  # MLflow's own line, printed without the credentials
