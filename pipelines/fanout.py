@@ -24,8 +24,9 @@ from typing import Any
 
 from pipelines.cards import ModelCard
 from pipelines.errors import QevalError
-from pipelines.progress import duration
+from pipelines.progress import EVERY_S, duration
 from pipelines.stages import StageRecord
+from pipelines.sync import fetch_stage
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,6 @@ def chain(
     import platform
 
     from pipelines.pipeline import STAGES
-    from pipelines.sync import fetch_stage
     from pipelines.tracking import MlflowTracker
 
     os.environ.update(env)
@@ -115,7 +115,7 @@ def chain(
         tracker = MlflowTracker(card.name)
         for stage in stages:
             if not baseline and stage in NEEDS_BASELINE:
-                _wait_for_baseline(card, precision, tracker, stage, milestones, fetch_stage)
+                _wait_for_baseline(card, precision, tracker, stage, milestones)
             outcome.records.append(STAGES[stage](card, precision, tracker, force=force))
             if baseline:
                 milestones.mark.remote(stage)
@@ -127,7 +127,7 @@ def chain(
     return outcome
 
 
-def _wait_for_baseline(card: ModelCard, precision: str, tracker, stage: str, milestones, fetch_stage) -> None:
+def _wait_for_baseline(card: ModelCard, precision: str, tracker, stage: str, milestones) -> None:
     import ray
 
     base = card.gate.baseline
@@ -188,8 +188,6 @@ def _resources(r: dict[str, Any]) -> str:
 
 def _collect(ray, card: ModelCard, pending: dict, builds: list[str]) -> list[ChainOutcome]:
     """Wait for every task; say when each ends, and every 30 s which are still running."""
-    from pipelines.progress import EVERY_S
-
     done: dict[str, ChainOutcome] = {}
     t0 = time.perf_counter()
     while pending:

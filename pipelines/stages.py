@@ -162,7 +162,7 @@ def _record(manifest: Manifest[R], status: str, run_id: str, path: Path) -> Stag
     return StageRecord(m.model, m.precision, m.stage, status, m.seconds, m.inputs_digest, run_id, path, m.result)
 
 
-def _promote(partial: Path, final: Path) -> None:
+def promote(partial: Path, final: Path) -> None:
     """Put a finished stage folder in place of the previous one, whose leftovers go."""
     old = final.with_name(f"{final.name}.old-{os.getpid()}")
     if final.exists():
@@ -246,6 +246,6 @@ def run_stage(
             run_id = _log_to_run(tracker, manifest, partial)
         except Exception as e:  # the store failed under us (read-only, full, gone): not done, one line
             raise _fail(tracker, partial, final, precision, QevalError(store_error(tracker.uri, e))) from None
-        _promote(partial, final)
+        promote(partial, final)
         progress.finished(model, stage, manifest.seconds)
         return _record(manifest, "done", run_id, final)

@@ -17,6 +17,7 @@ from pathlib import Path
 from pipelines.cards import ModelCard
 from pipelines.errors import QevalError
 from pipelines.results import STAGES, Decision, Evaluated, build_dir, gate_file, read_manifest, stage_dir
+from pipelines.stages import promote
 from pipelines.tracking import Tracker
 from quant.build import CHECKPOINT_DIR
 
@@ -47,11 +48,7 @@ def fetch_stage(tracker: Tracker, run_id: str, precision: str, stage: str, into:
                 f"{stage}/manifest.json is {'missing' if fetched is None else 'of another run of the stage'}; "
                 f"rerun: qeval {STAGES[stage].COMMAND} --model {tracker.model} --precision {precision} --force"
             )
-        old = final.with_name(f"{final.name}.old-{os.getpid()}")
-        if final.exists():
-            final.rename(old)
-        got.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        promote(got, final)  # as a finished stage replaces the previous one
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log.info("%s@%s %s: read from the tracking store (run %s)", tracker.model, precision, stage, run_id)
