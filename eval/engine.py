@@ -7,7 +7,7 @@ inter-token latency, TPOT and end-to-end latency all come from the same clock. M
 reported with the sample count. On CUDA (or when asked) the KV cache is static and the decode step is
 compiled (as gpt-fast does); a build that cannot compile runs eager and says why; elsewhere generation
 is eager with a dynamic cache. An out-of-memory point is a result ("oom"), not a crash.
-The pipeline runs bench_engine() in a fresh process per build (pipelines/child.py).
+The pipeline runs bench_engine() in a fresh process per build (pipelines/core/child.py).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eval import speed
 from eval.gpus import peak_bandwidth
 from eval.sizing import Shape
+from quant.execution import CPU, DEQUANTIZED, Device, Execution, execution
 
 
 class EngineConfig(BaseModel):
@@ -39,13 +40,12 @@ class EngineConfig(BaseModel):
     batch_sizes: list[int] = Field(min_length=1)
     input_lengths: list[int] = Field(min_length=1)
     output_lengths: list[int] = Field(min_length=1)
-    warmup: int = Field(2, ge=0)
-    repeats: int = Field(5, gt=0)
+    warmup: int = Field(ge=0, description="untimed runs per grid point")
+    repeats: int = Field(gt=0, description="timed runs per grid point")
     device: str = Field("auto", description="auto: cuda where available, else cpu")
     dtype: str = "bfloat16"
     compile: bool | None = Field(None, description="static KV cache + torch.compile; None: on CUDA only")
     bandwidth_gb_s: float | None = Field(None, description="peak memory bandwidth; None: GPU table or measured")
-    quantized: bool = Field(False, description="the checkpoint holds quantized weights")
     trust_remote_code: bool = False
     seed: int = 0
 
@@ -76,9 +76,12 @@ class EngineResult(BaseModel):
     device_name: str
     engine: str
     dtype: str
-    kernels: str = Field(description="native, or emulated (quantized weights dequantized to compute)")
+    execution: Execution = Field(description="transformers dequantizes every quantized format: emulated")
     no_weights: bool
     weight_bytes: int = Field(description="bytes of parameters and buffers resident on the device")
+    embedding_bytes: int = Field(
+        description="bytes of the input embedding table, which a decode step indexes (0 where tied to the output)"
+    )
     kv_bytes_per_token: int
     bandwidth_gb_s: float
     bandwidth_source: str
@@ -87,6 +90,13 @@ class EngineResult(BaseModel):
     memory: str = Field(description="what peak_mem_bytes measures")
     versions: dict[str, str]
     points: list[PointResult]
+
+    @property
+    def kernels(self) -> str:
+        """How the products ran, in words."""
+        if self.execution == Execution.EMULATED:
+            return f"{self.execution} (weights dequantized to {self.dtype})"
+        return str(self.execution)
 
 
 class _Clock:
@@ -161,6 +171,15 @@ def _load(cfg: EngineConfig, device: str):
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
     return model.eval(), tokenizer
+
+
+def _indexed_embedding_bytes(model) -> int:
+    """Bytes of the input embedding table, or 0 where the output layer shares it (and reads it whole)."""
+    table = model.get_input_embeddings().weight
+    out = model.get_output_embeddings()
+    if out is not None and out.weight.data_ptr() == table.data_ptr():
+        return 0
+    return table.numel() * table.element_size()
 
 
 def _chars_per_token(tokenizer) -> float | None:
@@ -258,6 +277,7 @@ class _Harness:
     sync: Callable[[], None]
     generate_args: dict
     weight_bytes: int
+    embedding_bytes: int
     kv_bytes_per_token: int
     bandwidth: float  # bytes/s
     chars_per_token: float | None
@@ -275,6 +295,7 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
         torch.finfo(getattr(torch, cfg.dtype)).bits // 8
     )
     weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    embedding_bytes = _indexed_embedding_bytes(model)
     if cfg.bandwidth_gb_s:
         bandwidth, source = cfg.bandwidth_gb_s * 1e9, "given"
     elif cuda and peak_bandwidth(torch.cuda.get_device_name()):
@@ -282,7 +303,10 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
     else:
         bandwidth, source = measure_copy_bandwidth(device, sync), "measured (memory copy, best of 5)"
     extra, engine, compile_error = _decode_setup(model, cfg, cuda, sync)
-    h = _Harness(model, cfg, cuda, sync, extra, weight_bytes, kv_token, bandwidth, _chars_per_token(tokenizer))
+    h = _Harness(
+        model, cfg, cuda, sync, extra, weight_bytes, embedding_bytes, kv_token, bandwidth, _chars_per_token(tokenizer)
+    )
+    where = Device("cuda", torch.cuda.get_device_capability()) if cuda else CPU
     grid = itertools.product(cfg.batch_sizes, cfg.input_lengths, cfg.output_lengths)
     result = EngineResult(
         precision=cfg.precision,
@@ -293,9 +317,10 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
         engine=f"transformers generate, {engine}",
         compile_error=compile_error,
         dtype=cfg.dtype,
-        kernels="emulated (weights dequantized to " + cfg.dtype + ")" if cfg.quantized else "native",
+        execution=execution(cfg.precision, where, DEQUANTIZED),
         no_weights=cfg.no_weights,
         weight_bytes=weight_bytes,
+        embedding_bytes=embedding_bytes,
         kv_bytes_per_token=kv_token,
         bandwidth_gb_s=bandwidth / 1e9,
         bandwidth_source=source,
@@ -329,7 +354,8 @@ def _point(h: _Harness, b: int, i: int, o: int) -> PointResult:
     itl = [(t1 - t0) * 1e3 for _, times in runs for t0, t1 in itertools.pairwise(times)]
     tpot = statistics.median(speed.tpot_s(a / 1e3, z / 1e3, o) for a, z in zip(ttft, e2e, strict=True)) * 1e3
     per_user = 1e3 / tpot if o > 1 else None
-    step_bytes = speed.decode_step_bytes(h.weight_bytes, h.kv_bytes_per_token, b, i + o // 2)
+    context = speed.mid_generation_context(i, o)
+    step_bytes = speed.decode_step_bytes(h.weight_bytes, h.embedding_bytes, h.kv_bytes_per_token, b, context)
     return PointResult(
         batch=b,
         input_len=i,

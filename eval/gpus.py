@@ -2,15 +2,14 @@
 
 Memory is the nominal size, which NVIDIA quotes in GiB ("80 GB" H100: nvidia-smi shows 79.6 GiB
 usable). Throughput is dense (no sparsity) tensor-core peak. How a GPU runs a precision (native,
-weight-only, emulated) follows from its compute capability and the precision's registry entry
-(quant/precisions.py).
+weight-only, emulated) follows from its compute capability (quant/execution.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quant.precisions import Execution, get_precision
+from quant.execution import Device, Execution, compute_units, execution
 from quant.registry import lookup
 
 GIB = 2**30
@@ -31,13 +30,17 @@ class Gpu:
     def memory_bytes(self) -> float:
         return self.memory_gib * GIB
 
+    @property
+    def device(self) -> Device:
+        return Device("cuda", self.capability)
+
     def execution(self, precision: str) -> Execution:
         """How `precision` runs here: native, weight-only or emulated."""
-        return get_precision(precision).execution(self.capability)
+        return execution(precision, self.device)
 
     def compute_flops(self, precision: str) -> float:
         """Peak of the units a precision's matrix products use here (weight-only builds compute in 16 bits)."""
-        units = get_precision(precision).compute_units(self.capability)
+        units = compute_units(precision, self.device)
         peak = {"fp8": self.fp8_flops, "int8": self.int8_ops}.get(units)
         return peak or self.bf16_flops
 

@@ -25,10 +25,10 @@ class LoadSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    api: Literal["completions", "chat"] = "completions"
+    api: Literal["completions", "chat"] = Field(description="the endpoint driven")
     concurrency: list[int] = Field(min_length=1)
-    requests_per_user: int = Field(4, gt=0, description="measured requests per level = concurrency x this")
-    warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency (0: none)")
+    requests_per_user: int = Field(gt=0, description="measured requests per level = concurrency x this")
+    warmup: int = Field(ge=0, description="untimed warm-up rounds at the highest concurrency (0: none)")
     input_len: int = Field(gt=0, description="prompt tokens")
     output_len: int = Field(gt=0, description="output tokens asked for, exactly where the server allows it")
     exact_length: Literal["ignore_eos", "generation_config", "none"] = Field(
@@ -36,7 +36,7 @@ class LoadSettings(BaseModel):
         description="how to force exactly output_len tokens: vLLM's ignore_eos + min_tokens, transformers "
         "serve's generation_config (min_new_tokens), or nothing (counts come from the stream)",
     )
-    timeout_s: float = Field(120, gt=0, description="per request")
+    timeout_s: float = Field(gt=0, description="per request")
     warmup_timeout_s: float = Field(300, gt=0, description="per warm-up request (the first may load the model)")
 
 

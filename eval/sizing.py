@@ -4,8 +4,9 @@ Memory on a GPU = weights + KV cache (batch x context tokens) + activation works
 against the GPU's memory times the fraction a server may use. Weights come from the build's real
 bytes where a checkpoint exists, else from the config and the precision's bytes per weight (scales
 and zero points included; embeddings and lm_head stay 16-bit, as qeval builds them). Decode is
-bandwidth-bound: tokens/s per sequence <= bandwidth x MBU / bytes read per step (every weight but the
-embedding table, which is only indexed, plus each sequence's KV cache). Prefill is compute-bound:
+bandwidth-bound: tokens/s per sequence <= bandwidth x MBU / bytes read per step (eval/speed.py's
+decode_step_bytes: every weight but the embedding table, which is only indexed, plus each sequence's KV
+cache at the mid-generation context). Prefill is compute-bound:
 TTFT >= 2 x parameters x prompt tokens (+ attention) / (peak FLOP/s x MFU).
 """
 
@@ -15,9 +16,9 @@ import math
 from dataclasses import dataclass
 
 from eval.gpus import Gpu
+from eval.speed import decode_step_bytes, mid_generation_context
+from quant.execution import Execution
 from quant.precisions import get_precision
-
-DEFAULT_GROUP = 128  # the card's quantization.group_size when it sets none
 
 
 @dataclass(frozen=True)
@@ -71,23 +72,22 @@ class Shape:
     def params(self) -> int:
         return self.linear_params + self.embedding_params + self.lm_head_params + self.norm_params
 
+    @property
+    def embedding_table_bytes(self) -> int:
+        """Bytes of the input embedding table (16-bit) that a decode step indexes rather than reads; 0 when
+        it is tied to the output layer, which reads it whole."""
+        return 0 if self.tied else 2 * self.embedding_params
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """KV-cache bytes one token occupies: a key and a value vector per KV head per layer."""
         return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
 
 
-def weight_bytes(shape: Shape, precision: str, group_size: int = DEFAULT_GROUP) -> float:
+def weight_bytes(shape: Shape, precision: str, group_size: int) -> float:
     """Bytes of all weights stored at `precision` (linear layers quantized, the rest 16-bit), scales and
     zero points included (quant/precisions.py)."""
     rest = shape.embedding_params + shape.lm_head_params + shape.norm_params
     return shape.linear_params * get_precision(precision).bytes_per_weight(group_size) + 2 * rest
-
-
-def decode_read_bytes(shape: Shape, weights: float) -> float:
-    """Weight bytes a decode step reads: everything but the embedding table (one row per token is read).
-
-    With tied embeddings the table is the lm_head and is read whole."""
-    return weights - (0 if shape.tied else 2 * shape.embedding_params)
 
 
 def workspace_bytes(shape: Shape, prefill_tokens: int, act_bytes: int = 2) -> float:
@@ -105,16 +105,23 @@ class Assumptions:
     utilization: float = 0.9  # fraction of GPU memory the server may use (vLLM's default)
     runtime_reserve_gib: float = 1.0  # CUDA context, libraries, graphs
     prefill_tokens: int = 2048  # tokens per prefill chunk (activation workspace)
-    kv_dtype_bytes: int = 2
+    kv_dtype_bytes: int = 2  # 1 where the card serves an FP8 KV cache (server.kv_cache_dtype)
     mbu: float = 1.0  # fraction of peak bandwidth decode reaches (1.0: the ceiling)
     mfu: float = 1.0  # fraction of peak FLOP/s prefill reaches (1.0: the floor)
+
+    def describe(self) -> str:
+        """The assumptions in words, for the tables that rest on them."""
+        return (
+            f"{self.utilization:.0%} of memory, {self.runtime_reserve_gib:g} GiB reserve, {self.kv_dtype_bytes}-byte "
+            f"KV entries; decode at {self.mbu:.0%} of peak bandwidth, TTFT at {self.mfu:.0%} of peak FLOP/s"
+        )
 
 
 @dataclass(frozen=True)
 class Fit:
     gpu: str
     precision: str
-    execution: str  # native, weight-only, emulated
+    execution: Execution
     weights_gb: float
     kv_gb: float
     workspace_gb: float
@@ -137,8 +144,8 @@ def fit(
     batch: int,
     input_len: int,
     output_len: int,
+    group_size: int,
     weights: float | None = None,
-    group_size: int = DEFAULT_GROUP,
     a: Assumptions = Assumptions(),
 ) -> Fit:
     """Does `precision` of the model fit `gpu` at `batch` sequences of input + output tokens, and how fast.
@@ -153,7 +160,9 @@ def fit(
     usable = gpu.memory_bytes * a.utilization
     free_for_kv = usable - w - work - reserve
     tp = next((n for n in (1, 2, 4, 8) if w / n + kv / n + work + reserve <= usable), None)
-    step = decode_read_bytes(shape, w) + batch * kv_tok * (input_len + output_len / 2)
+    step = decode_step_bytes(
+        w, shape.embedding_table_bytes, kv_tok, batch, mid_generation_context(input_len, output_len)
+    )
     per_user = gpu.bandwidth * a.mbu / step
     flops = 2 * (shape.linear_params + shape.lm_head_params) * input_len
     flops += 4 * shape.layers * input_len**2 * shape.heads * shape.head_dim / 2  # causal attention scores and values

@@ -23,9 +23,20 @@ def tpot_s(ttft_s: float, e2e_s: float, output_tokens: int) -> float:
     return (e2e_s - ttft_s) / (output_tokens - 1)
 
 
-def decode_step_bytes(weight_bytes: int, kv_per_token: int, batch: int, context: int) -> int:
-    """Bytes a decode step reads: every weight once, plus each sequence's KV cache at `context` tokens."""
-    return weight_bytes + batch * kv_per_token * context
+def mid_generation_context(input_len: int, output_len: int) -> float:
+    """The context a decode step of a generation attends to on average: the prompt and half the output."""
+    return input_len + output_len / 2
+
+
+def decode_step_bytes(weight_bytes: float, embedding_bytes: float, kv_per_token: float, batch: int,
+                      context: float) -> float:  # fmt: skip
+    """Bytes a decode step reads from memory: every weight once but the input embedding table, plus each
+    sequence's KV cache at `context` tokens.
+
+    The embedding table is only indexed (one row per token), so its bytes are not read per step; give
+    `embedding_bytes` 0 where it is tied to the output layer, which reads it whole. Engine MBU, the
+    sizing ceiling and the size stage's check of the bench all count bytes this way."""
+    return weight_bytes - embedding_bytes + batch * kv_per_token * context
 
 
 def mbu(step_bytes: float, steps_per_s: float, bandwidth_bytes_per_s: float) -> float:

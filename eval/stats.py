@@ -9,6 +9,7 @@ the discordant documents is reported beside it.
 
 A verdict is PASS when the whole interval lies on the allowed side of the threshold, FAIL when it lies
 entirely beyond it, INCONCLUSIVE otherwise, with the number of documents that would likely decide it.
+`Verdict` is every verdict qeval gives, this module's and the gate's (pipelines/decision/).
 """
 
 from __future__ import annotations
@@ -16,9 +17,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 import numpy as np
+
+
+class Verdict(StrEnum):
+    """What a rule, a task comparison or a whole build comes to."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"  # the interval straddles the threshold: more documents would decide
+    NOT_GATED = "NOT GATED"  # shown, not judged (the policy turns the rule off)
+    BASELINE = "BASELINE"  # the build every other is compared with
+
 
 Rule = Literal["recovery", "ppl_increase"]
 _LN2 = math.log(2)
@@ -73,7 +86,7 @@ class Comparison:
     metric: str
     rule: Rule
     threshold: float  # min recovery, or max perplexity increase (a fraction)
-    verdict: str  # PASS, FAIL or INCONCLUSIVE
+    verdict: Verdict  # PASS, FAIL or INCONCLUSIVE
     n: int
     baseline: float
     build: float
@@ -163,7 +176,7 @@ def compare(
     else:
         point, lo, hi = increase  # type: ignore[misc]
         passed, failed = hi <= threshold, lo > threshold
-    verdict = "PASS" if passed else "FAIL" if failed else "INCONCLUSIVE"
+    verdict = Verdict.PASS if passed else Verdict.FAIL if failed else Verdict.INCONCLUSIVE
 
     binary = not likelihood and all(v in (0.0, 1.0) for v in np.concatenate([a_num, b_num]))
     discordant = (int(np.sum((a_num == 1) & (b_num == 0))), int(np.sum((a_num == 0) & (b_num == 1))))
@@ -178,7 +191,7 @@ def compare(
         difference=_interval(float(build - base), diff_r, confidence),
         recovery=recovery,
         ppl_increase=increase,
-        n_to_decide=None if verdict != "INCONCLUSIVE" else samples_to_decide(n, point, lo, hi, threshold),
+        n_to_decide=None if verdict != Verdict.INCONCLUSIVE else samples_to_decide(n, point, lo, hi, threshold),
         mcnemar_p=mcnemar_exact(*discordant) if binary else None,
         discordant=discordant if binary else None,
     )

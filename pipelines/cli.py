@@ -7,8 +7,6 @@ Each prints a human summary and, with --json, one JSON document as its last line
 from __future__ import annotations
 
 import json
-import logging
-import os
 import signal
 import socket
 import subprocess
@@ -20,13 +18,13 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.logging import RichHandler
-from rich.table import Table
 
-from pipelines import cards as cards_mod
-from pipelines.cards import ModelCard
-from pipelines.errors import QevalError
-from pipelines.stages import StageRecord
+from pipelines.core import cards as cards_mod
+from pipelines.core import logs
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.results import StageRecord
+from pipelines.present import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization evaluation pipeline.")
 # Written to a file or a pipe, Rich would cut tables at 80 columns: names a user must type get "…"; wide
@@ -41,24 +39,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document a
 
 @app.callback()
 def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
-    # Nothing leaves the machine unless the user says so: MLflow and the hub client both phone home by
-    # default. Children (quantize, evaluate, the UI server) inherit this environment.
-    for var in ("MLFLOW_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY"):
-        os.environ.setdefault(var, "true" if var.startswith("MLFLOW") else "1")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars are not qeval's progress
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # a "View run" line per stage logged
-    console: logging.Handler
-    if err.is_terminal:
-        console = RichHandler(console=err, show_path=False, rich_tracebacks=False)
-    else:  # a file or CI's log: plain lines, not Rich's columns padded to the console's width
-        console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    console.setLevel(logging.DEBUG if verbose else logging.INFO)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[console],
-                        force=True)  # fmt: skip
-    for ours in ("pipelines", "eval", "quant"):  # qeval's detail goes to each stage's log (pipelines/stages.py)
-        logging.getLogger(ours).setLevel(logging.DEBUG)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request to the tracking server
+    logs.quiet_environment()  # children (quantize, evaluate, the UI server) inherit it
+    logs.setup(verbose=verbose, rich_console=err)
     # SIGTERM (CI runners, job schedulers) stops qeval as Ctrl-C does: every server and child it started is
     # stopped on the way out and the running stage ends as failed. SIGINT is restored too, for a qeval
     # started in the background by a non-interactive shell, which inherits it ignored.
@@ -89,32 +71,6 @@ def _emit_json(doc: Any, as_json: bool) -> None:
         print(json.dumps(doc, default=str), flush=True)
 
 
-def _records_table(records: list[StageRecord]) -> Table:
-    table = Table(title="stages")
-    for col in ("build", "stage", "status", "seconds", "result"):
-        table.add_column(col)
-    for r in records:
-        table.add_row(f"{r.model}@{r.precision}", r.stage, r.status, f"{r.seconds:.1f}", r.result.headline())
-    return table
-
-
-def _builds_table(records: list[StageRecord], decision) -> Table:
-    """`qeval run`'s closing table: one row per build, each stage's time (or "cached"), the verdict."""
-    from pipelines.progress import duration
-
-    stages = list(dict.fromkeys(r.stage for r in records))
-    verdicts = {b.precision: b.verdict + (", ships" if b.precision == decision.chosen else "") for b in decision.builds}
-    table = Table(title=f"{decision.model}: stages per build (time, or cached when inputs were unchanged)")
-    for col in ("build", *stages, "verdict"):
-        table.add_column(col)
-    for precision in dict.fromkeys(r.precision for r in records):
-        cells = {r.stage: duration(r.seconds) if r.status == "done" else "cached" for r in records
-                 if r.precision == precision}  # fmt: skip
-        verdict = verdicts.get(precision, "baseline")
-        table.add_row(precision, *(cells.get(st, "") for st in stages), verdict)
-    return table
-
-
 def _only(card: ModelCard, precisions: list[str] | None) -> ModelCard:
     """The card restricted to these builds and its baseline (all of them when None)."""
     for p in precisions or []:
@@ -127,13 +83,13 @@ def _only(card: ModelCard, precisions: list[str] | None) -> ModelCard:
 
 
 def _tracker(model: str):
-    from pipelines.tracking import MlflowTracker
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
 
     return MlflowTracker(model)
 
 
 def _report(model: str, records: list[StageRecord], as_json: bool) -> None:
-    out.print(_records_table(records))
+    out.print(console.records(records))
     _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
 
 
@@ -158,9 +114,8 @@ def _run_builds(
 @_guarded
 def models(as_json: JsonOpt = False) -> None:
     """List the model cards and check that each one is valid."""
-    table = Table(title="model cards")
-    for col in ("name", "source", "precisions", "tasks"):
-        table.add_column(col)
+    from pipelines.core.weights import missing_files
+
     listed, problems = [], []
     for name in cards_mod.card_names():
         try:
@@ -168,13 +123,12 @@ def models(as_json: JsonOpt = False) -> None:
         except QevalError as e:
             problems.append(str(e))
             continue
-        if missing := cards_mod.missing_files(card):
+        if missing := missing_files(card):
             problems.extend(missing)
             continue
         src = card.source.location
-        table.add_row(name, src, " ".join(card.precisions), " ".join(card.accuracy.tasks))
         listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})
-    out.print(table)
+    out.print(console.cards(listed))
     _emit_json({"models": listed, "invalid": problems}, as_json)
     if problems:
         raise QevalError("; ".join(problems))
@@ -192,7 +146,7 @@ def quantize(
     as_json: JsonOpt = False,
 ) -> None:
     """Build quantized checkpoints with llm-compressor and prove each one is real."""
-    from pipelines.quantize import quantize as run_quantize
+    from pipelines.stages.quantize import quantize as run_quantize
 
     _run_builds(model, precision, lambda c: c.precisions, run_quantize, as_json, force=force, num_samples=samples)
 
@@ -207,7 +161,7 @@ def evaluate(
     as_json: JsonOpt = False,
 ) -> None:
     """Accuracy of one build with lm-evaluation-harness."""
-    from pipelines.evaluate import evaluate as run_evaluate
+    from pipelines.stages.evaluate import evaluate as run_evaluate
 
     chosen = [precision] if precision else None
     _run_builds(model, chosen, lambda c: [c.gate.baseline], run_evaluate, as_json, force=force, limit=limit)
@@ -227,7 +181,7 @@ def bench(
     as_json: JsonOpt = False,
 ) -> None:
     """Generation speed and memory of builds over the card's grid (in-process engine)."""
-    from pipelines.bench import bench as run_bench
+    from pipelines.stages.bench import bench as run_bench
 
     def default(card: ModelCard) -> list[str]:
         return [card.gate.baseline] if no_weights else card.precisions
@@ -235,9 +189,9 @@ def bench(
     _run_builds(model, precision, default, run_bench, as_json, force=force, no_weights=no_weights)
 
 
-@app.command("serve-bench")
+@app.command()
 @_guarded
-def serve_bench(
+def serve(
     model: ModelOpt,
     precision: Annotated[
         list[str] | None, typer.Option(help="build to serve; repeat for several (default: all)")
@@ -249,7 +203,7 @@ def serve_bench(
     as_json: JsonOpt = False,
 ) -> None:
     """Concurrent users under the card's latency objective, over a real OpenAI-compatible server."""
-    from pipelines.serve_bench import serve_bench as run_serve
+    from pipelines.stages.serve import serve as run_serve
 
     if url and (not precision or len(precision) != 1):
         raise QevalError("--url measures one build: name it with exactly one --precision")
@@ -273,9 +227,7 @@ def size(
 ) -> None:
     """Will each precision fit each GPU, with how many sequences, how fast? Offline, from the architecture."""
     import eval.gpus as gpus
-    from eval.sizing import Assumptions
-    from pipelines import size as size_mod
-    from pipelines.report import fit_cells
+    from pipelines.stages import size as size_stage
 
     card = cards_mod.load_card(model)
     chosen = precision or card.precisions
@@ -290,33 +242,19 @@ def size(
     s = card.speed
     grid = {"batch": batch or s.largest_batch, "input_len": input_len or s.input_len,
             "output_len": output_len or s.output_len}  # fmt: skip
-    fits = size_mod.fits_table(card, chosen, names, **grid, assumptions=Assumptions(mbu=mbu))
-    table = Table(
-        title=f"{model}: fits on one GPU at batch {grid['batch']}, {grid['input_len']} in / {grid['output_len']} "
-        f"out (90 % of memory, 1 GiB reserve; decode at {mbu:.0%} of peak bandwidth, TTFT at peak FLOP/s)"
-    )
-    rows = [fit_cells(f) for f in fits]
-    for col in rows[0] if rows else []:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*r.values())
-    out.print(table)
+    a = size_stage.assumptions(card, mbu=mbu)
+    fits = size_stage.fits_table(card, chosen, names, **grid, a=a)
+    out.print(console.fits(model, fits, grid, a))
     if log:
         tracker = _tracker(model)
         for p in chosen:
-            size_mod.size(card, p, tracker)
+            size_stage.size(card, p, tracker)
     _emit_json({"model": model, "grid": grid, "mbu": mbu, "rows": [asdict(f) for f in fits]}, as_json)
 
 
 def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
     """Print the gate's table and decision; exit 1 when nothing ships."""
-    table = Table(title=f"gate: {decision.model} (baseline {decision.policy.baseline})")
-    for col in ("build", "verdict", "rules"):
-        table.add_column(col)
-    for b in decision.builds:
-        colour = {"PASS": "green", "FAIL": "red"}.get(b.verdict, "yellow")
-        table.add_row(b.precision, f"[{colour}]{b.verdict}[/{colour}]", "\n".join(b.reasons))
-    out.print(table)
+    out.print(console.gate(decision))
     if decision.chosen:
         reg = decision.registered
         out.print(f"ships: {decision.chosen} ({decision.why}); registered as {reg.get('name')} "
@@ -347,14 +285,15 @@ def run(
 
     Exit status 1 when no quantized build passes the gate.
     """
-    from pipelines.pipeline import STAGES, run_pipeline
+    from pipelines.core.registry import STAGES
+    from pipelines.run import run_pipeline
 
     unknown = sorted(set(skip or []) - set(STAGES))
     if unknown:
         raise QevalError(f"--skip: unknown stage {', '.join(unknown)}; stages: {', '.join(STAGES)}")
     card = _only(cards_mod.load_card(model), precision)
     result = run_pipeline(card, _tracker(model), force=force, skip=tuple(skip or ()), ray_address=ray_address)
-    out.print(_builds_table(result.records, result.decision))
+    out.print(console.builds(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
     extra = {
         "model": model,
@@ -380,7 +319,7 @@ def gate(
     """Decide which quantized build ships, under the card's gate policy (exit 1: none passes).
 
     Reads the stages from the tracking store where this machine lacks them."""
-    from pipelines.gate import gate as run_gate
+    from pipelines.decision.gate import gate as run_gate
 
     if against not in (None, "ship"):
         raise QevalError(f"--against takes 'ship' (the build alias ship points at), not '{against}'")
@@ -399,7 +338,7 @@ def pull(
     """Download the build behind a registry alias (default `ship`) from the tracking store: a servable folder."""
     from pathlib import Path
 
-    from pipelines.sync import pull as run_pull
+    from pipelines.tracking.readback import pull as run_pull
 
     cards_mod.load_card(model)
     got = run_pull(_tracker(model), alias, Path(folder))
@@ -413,9 +352,9 @@ def pull(
 def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
     """Charts and a table of the gate's last decision, speed against quality per precision, to reports/<model>/
     and MLflow."""
-    from pipelines.report import report as write_report
-    from pipelines.results import read_decision
-    from pipelines.sync import fetch_builds, fetch_decision
+    from pipelines.core.verdicts import read_decision
+    from pipelines.present.report import report as write_report
+    from pipelines.tracking.readback import fetch_builds, fetch_decision
 
     card = cards_mod.load_card(model)
     tracker = _tracker(model)
@@ -435,10 +374,10 @@ def ui(
     model: Annotated[str | None, typer.Option("--model", "-m", help="print only this model's address")] = None,
 ) -> None:
     """Browse the runs in the MLflow UI (Ctrl-C stops it); prints each model's runs-table address."""
-    from pipelines.mlflow_names import view_url
-    from pipelines.procs import stop_process_group
-    from pipelines.store_uri import redact, tracking_uri
-    from pipelines.tracking import experiment_ids, ui_command
+    from pipelines.core.procs import stop_process_group
+    from pipelines.tracking.mlflow_tracker import experiment_ids, ui_command
+    from pipelines.tracking.store import redact, tracking_uri
+    from pipelines.tracking.view import view_url
 
     with socket.socket() as probe:  # uvicorn would only log "address in use" and exit 0
         try:

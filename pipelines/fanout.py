@@ -5,7 +5,7 @@ stages in order on whichever node Ray picks, in that node's own artifacts/ cache
 to the tracking server, whose URI (and credentials, never printed) the driver passes down. A quantized
 build's evaluate and bench compare with the baseline's: before them, the task waits until the
 baseline's task has finished that stage in this fan-out (a small actor holds the milestones), then reads
-it from the tracking store (pipelines/sync.py). A task that fails returns its error and leaves the others
+it from the tracking store (pipelines/tracking/readback.py). A task that fails returns its error and leaves the others
 running; the driver gates and reports the builds that finished once every task has ended.
 
 A task asks Ray for one GPU where the card names target GPUs and the cluster has GPUs, else for
@@ -22,16 +22,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.cards import ModelCard
-from pipelines.errors import QevalError
-from pipelines.progress import EVERY_S, duration
-from pipelines.stages import StageRecord
-from pipelines.sync import fetch_stage
+from pipelines.core import logs
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.progress import EVERY_S, duration
+from pipelines.core.registry import STAGES
+from pipelines.core.results import StageRecord
+from pipelines.tracking.readback import fetch_stage
 
 log = logging.getLogger(__name__)
 
-NEEDS_BASELINE = ("evaluate", "bench")
-"""A quantized build's stages that read the baseline's same stage (recovery, speed-up)."""
 CREDENTIALS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 
 
@@ -82,41 +82,26 @@ def _milestones_actor(ray):
     return Milestones
 
 
-def _chain_logging() -> None:
-    """In a Ray worker: qeval's INFO lines to stderr, which Ray forwards to the driver with the task's name."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    handler.setLevel(logging.INFO)
-    root.setLevel(logging.INFO)
-    for ours in ("pipelines", "eval", "quant"):
-        logging.getLogger(ours).setLevel(logging.DEBUG)  # to each stage's log; the console handler keeps INFO
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-
-
 def chain(
     card: ModelCard, precision: str, stages: list[str], force: bool, env: dict[str, str], milestones
 ) -> ChainOutcome:
     """One build's stages, in a Ray worker. Returns (never raises) what was done and what stopped it."""
     import platform
 
-    from pipelines.pipeline import STAGES
-    from pipelines.tracking import MlflowTracker
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
 
     os.environ.update(env)
-    for quiet in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"):  # as the CLI
-        os.environ.setdefault(quiet, "false" if "PROGRESS" in quiet else "true")
-    _chain_logging()
+    logs.quiet_environment()
+    logs.setup()  # qeval's INFO lines to stderr, which Ray forwards to the driver with the task's name
     baseline = precision == card.gate.baseline
     outcome, t0 = ChainOutcome(precision, node=platform.node()), time.perf_counter()
     stage = None
     try:
         tracker = MlflowTracker(card.name)
         for stage in stages:
-            if not baseline and stage in NEEDS_BASELINE:
+            if not baseline and STAGES[stage].needs_baseline:
                 _wait_for_baseline(card, precision, tracker, stage, milestones)
-            outcome.records.append(STAGES[stage](card, precision, tracker, force=force))
+            outcome.records.append(STAGES[stage].load()(card, precision, tracker, force=force))
             if baseline:
                 milestones.mark.remote(stage)
     except BaseException as e:  # everything a stage can raise ends this build, not the fan-out
@@ -144,7 +129,7 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
                cpus: float = 1.0) -> list[ChainOutcome]:  # fmt: skip
     """Every build's chain as a Ray task on the cluster at `address`; their outcomes, in `builds`' order."""
     ray = _ray()
-    from pipelines.store_uri import tracking_uri
+    from pipelines.tracking.store import tracking_uri
 
     env = {k: os.environ[k] for k in CREDENTIALS if os.environ.get(k)}
     env["MLFLOW_TRACKING_URI"] = tracking_uri()

@@ -1,6 +1,6 @@
 """Build one quantized checkpoint with llm-compressor's `oneshot` and save it compressed.
 
-The pipeline runs quantize_checkpoint() in a fresh process (pipelines/child.py); the saved folder is
+The pipeline runs quantize_checkpoint() in a fresh process (pipelines/core/child.py); the saved folder is
 a compressed-tensors checkpoint with its recipe.yaml, loadable by transformers and servable by vLLM.
 """
 
@@ -28,8 +28,8 @@ class QuantizeConfig(BaseModel):
 
     base: str = Field(description="local folder of the base checkpoint")
     precision: str
-    group_size: int = Field(128, gt=0)
-    ignore: list[str] = Field(["lm_head"], description="modules left unquantized")
+    group_size: int = Field(gt=0, description="input channels per weight scale (grouped precisions)")
+    ignore: list[str] = Field(description="modules left unquantized")
     calibration: CalibrationSpec | None = Field(
         None, description="calibration text (a local dataset as an absolute path); None if not needed"
     )

@@ -3,7 +3,8 @@
 An entry says how the precision is built (its llm-compressor recipe, whether it needs calibration),
 what the saved checkpoint must declare (compressed-tensors format, weight bits), how many bytes a
 quantized weight takes for a group size, and how each GPU generation runs it. The quantize stage,
-the checkpoint proof, sizing and the GPU catalog all read it from here.
+the checkpoint proof, sizing and the GPU catalog all read it from here; how a device runs it is
+quant/execution.py's, from the capabilities below.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Literal
 from quant import recipes
 from quant.registry import lookup
 
-Execution = Literal["native", "weight-only", "emulated"]
 Capability = tuple[int, int]
 # NVIDIA compute capabilities: FP8 tensor cores from Ada and Hopper (8.9), INT8 tensor cores from Turing
 # (7.5); Marlin's mixed-precision kernels (low-bit weights upcast to 16 bits in the kernel) from Ampere (8.0).
@@ -59,18 +59,6 @@ class Precision:
         """
         per_group = (2 + (self.weight_bits / 8 if self.zero_point else 0)) / group_size if self.grouped else 0.0
         return self.weight_bits / 8 + per_group
-
-    def execution(self, capability: Capability) -> Execution:
-        """How a GPU of this compute capability runs it: native, weight-only or emulated."""
-        if self.native_from is not None and capability >= self.native_from:
-            return "native"
-        if self.weight_only_from is not None and capability >= self.weight_only_from:
-            return "weight-only"
-        return "emulated"
-
-    def compute_units(self, capability: Capability) -> str:
-        """The units its matrix products use on that GPU (weight-only and emulated builds compute in 16 bits)."""
-        return self.compute if self.execution(capability) == "native" else "bf16"
 
 
 PRECISIONS: dict[str, Precision] = {

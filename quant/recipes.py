@@ -7,15 +7,21 @@ llm-compressor is imported inside the builders, so that reading the registry cos
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+GROUP_SIZE = 128
+"""Input channels per weight scale of the 4-bit builds, where the card's `quantization.group_size` sets none."""
+IGNORE = ("lm_head",)
+"""Modules every build leaves unquantized, where the card's `quantization.ignore` names none: the output
+layer, whose precision the logits of every token depend on."""
 
 
 @dataclass(frozen=True)
 class RecipeOptions:
-    """The card's overrides (`quantization:` section)."""
+    """The card's `quantization:` section, as the recipes take it."""
 
-    group_size: int = 128
-    ignore: list[str] = field(default_factory=lambda: ["lm_head"])
+    group_size: int
+    ignore: list[str]
 
 
 def _groups(preset: str, opts: RecipeOptions) -> dict:

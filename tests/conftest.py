@@ -1,25 +1,66 @@
-"""Shared fixtures: every test writes its artifacts and MLflow store under a temporary folder of its own.
+"""Shared fixtures, and the tiers (README, "Development").
 
-The small card `ref-small` (ref-lm with tiny calibration, a 6-document limit and a small grid) is
-quantized, evaluated and benchmarked once per session, in a folder the session fixtures alone write
-to. A test that runs more stages, the gate or the report on those builds takes `own_root`: a copy of
-that folder (checkpoints hard-linked) that nothing else reads.
+Tiers: a test with no mark is a unit test: no process, no MLflow store, no model (`make test-fast` runs these,
+in under 30 s; the fixture below refuses a process or a store to them). `integration` marks tests that start a
+process or open a store (seconds each); `slow` marks those that run a model, a harness or a server (minutes).
+
+Every test writes its artifacts and MLflow store under a temporary folder of its own. The small card
+`ref-small` (ref-lm with tiny calibration, a 6-document limit and a small grid) is quantized, evaluated and
+benchmarked once per session, in a folder the session fixtures alone write to. A test that runs more
+stages, the gate or the report on those builds takes `own_root`: a copy of that folder (checkpoints
+hard-linked) that nothing else reads.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from memory_tracker import MemoryTracker
 
-from pipelines.cards import load_card
-from pipelines.procs import free_port  # noqa: F401 - tests import it from here
+from pipelines.core import progress
+from pipelines.core.cards import load_card
 
-REPO = Path(__file__).resolve().parent.parent
+TIERS = ("integration", "slow")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _code_version_once() -> None:
+    """The git commit the stages record is asked of git once per process (code_version() keeps it), here,
+    before any unit test runs: a unit test starts no process of its own."""
+    from pipelines.core.code import code_version
+
+    code_version()
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_nothing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test (no tier mark) that starts a process or opens an MLflow store fails, naming the mark."""
+    if any(request.node.get_closest_marker(t) for t in TIERS):
+        return
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"a unit test {what}: mark it @pytest.mark.integration (or slow)")
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
+    from pipelines.tracking import mlflow_tracker
+
+    monkeypatch.setattr(mlflow_tracker.MlflowTracker, "__init__", refuse("opened an MLflow store"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_progress():
+    """qeval's progress state (estimates from earlier builds) is per process; each test starts without it."""
+    progress.reset()
+    yield
+    progress.reset()
 
 
 @pytest.fixture
@@ -46,35 +87,6 @@ def cards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return write
 
 
-def last_json_line(text: str) -> dict:
-    return json.loads(text.strip().splitlines()[-1])
-
-
-def same_logits(a: Path, b: Path) -> bool:
-    """Two checkpoint folders load (safetensors, no remote code) and give identical logits on fixed tokens."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    ids = torch.arange(1, 33).unsqueeze(0)
-    out = []
-    for folder in (a, b):
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, use_safetensors=True).eval()
-        with torch.no_grad():
-            out.append(model(input_ids=ids).logits)
-    return torch.equal(*out)
-
-
-def env_with(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(extra)
-    return env
-
-
-def root_env(root: Path) -> dict[str, str]:
-    """The environment of a `qeval` process working in `root`."""
-    return env_with(QEVAL_WORKDIR=str(root), QEVAL_CARDS_DIR=str(root / "cards"))
-
-
 SMALL = {
     "num_samples: 59": "num_samples: 4",
     "max_seq_length: 512": "max_seq_length: 64",
@@ -90,39 +102,44 @@ SMALL = {
 }
 
 
-def _use_root(mp: pytest.MonkeyPatch, root: Path) -> None:
+def use_root(mp: pytest.MonkeyPatch, root: Path) -> None:
     mp.setenv("QEVAL_WORKDIR", str(root))
     mp.setenv("QEVAL_CARDS_DIR", str(root / "cards"))
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def small_card_text() -> str:
+    """ref-lm's card as `ref-small`."""
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: ref-small")
+    for a, b in SMALL.items():
+        assert a in text, f"ref-lm.yaml no longer has {a!r}: update tests/conftest.py SMALL"
+        text = text.replace(a, b)
+    return text
 
 
 @pytest.fixture(scope="session")
 def small_root(tmp_path_factory) -> Path:
     """A work folder with card `ref-small`: ref-lm with a tiny calibration set, limit and grid."""
     root = tmp_path_factory.mktemp("small")
-    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: ref-small")
-    for a, b in SMALL.items():
-        assert a in text, f"ref-lm.yaml no longer has {a!r}: update tests/conftest.py SMALL"
-        text = text.replace(a, b)
     (root / "cards").mkdir()
-    (root / "cards" / "ref-small.yaml").write_text(text)
+    (root / "cards" / "ref-small.yaml").write_text(small_card_text())
     return root
 
 
 @pytest.fixture
 def small_card(small_root, monkeypatch):
     """The `ref-small` card, with QEVAL_WORKDIR and QEVAL_CARDS_DIR pointing at the session's folder."""
-    _use_root(monkeypatch, small_root)
+    use_root(monkeypatch, small_root)
     return load_card("ref-small")
 
 
 @pytest.fixture(scope="session")
 def builds(small_root):
     """Every precision of `ref-small` quantized for real, once per test session."""
-    from pipelines.quantize import quantize
+    from pipelines.stages.quantize import quantize
 
     with pytest.MonkeyPatch.context() as mp:
-        _use_root(mp, small_root)
+        use_root(mp, small_root)
         card = load_card("ref-small")
         tracker = MemoryTracker(card.name)
         return {p: quantize(card, p, tracker) for p in card.precisions}
@@ -131,11 +148,11 @@ def builds(small_root):
 @pytest.fixture(scope="session")
 def measured(small_root, builds):
     """Every build of `ref-small` evaluated and benchmarked, once per test session."""
-    from pipelines.bench import bench
-    from pipelines.evaluate import evaluate
+    from pipelines.stages.bench import bench
+    from pipelines.stages.evaluate import evaluate
 
     with pytest.MonkeyPatch.context() as mp:
-        _use_root(mp, small_root)
+        use_root(mp, small_root)
         card = load_card("ref-small")
         tracker = MemoryTracker(card.name)
         order = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
@@ -150,5 +167,5 @@ def own_root(small_root, builds, measured, tmp_path, monkeypatch) -> Path:
     shutil.copytree(
         small_root / "artifacts", root / "artifacts", copy_function=os.link, ignore=shutil.ignore_patterns(".lock")
     )
-    _use_root(monkeypatch, root)
+    use_root(monkeypatch, root)
     return root

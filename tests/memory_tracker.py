@@ -1,8 +1,9 @@
-"""A stand-in for pipelines.tracking.MlflowTracker that keeps what would be logged in memory.
+"""A tracker (pipelines/core/tracker.py) that keeps in memory what MLflowTracker writes to a store.
 
-For tests that exercise a stage, the gate or the report but not MLflow: it maps typed results to the
-same names (pipelines/mlflow_names.py's pure functions) and refuses a changed param the same way, without
-opening a store.
+For tests that exercise a stage, the gate or the report but not MLflow. It maps typed results to the same
+names (pipelines/tracking/mapping.py), refuses a changed param the same way, supersedes runs, starts a new
+summary run when the policy changes, keeps artifacts' bytes and gives them back: tests/test_tracker_contract.py
+holds it and MLflowTracker to the same behaviour.
 """
 
 from __future__ import annotations
@@ -11,27 +12,37 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.mlflow_names import (
-    PARAM_PRECISION,
-    SHIP_ALIAS,
-    TAG_CHOSEN,
-    TAG_DIGESTS,
-    TAG_STAGE,
-    TAG_STAGE_ERROR,
+from pipelines.core.errors import QevalError
+from pipelines.core.results import Manifest
+from pipelines.core.tracker import ParamsChanged
+from pipelines.core.verdicts import Decision
+from pipelines.tracking.mapping import (
     baseline_metrics,
+    build_run_tags,
     decision_params,
     logged,
-    registered_model_name,
-    run_name,
     stage_digest,
     stage_tags,
-    summary_run_name,
     summary_tags,
     verdict_metrics,
     verdict_tags,
 )
-from pipelines.results import Decision, Manifest
-from pipelines.tracking import ParamsChanged
+from pipelines.tracking.names import (
+    KIND_SUMMARY,
+    PARAM_PRECISION,
+    SHIP_ALIAS,
+    TAG_CHOSEN,
+    TAG_DIGESTS,
+    TAG_KIND,
+    TAG_MODEL,
+    TAG_PRECISION,
+    TAG_STAGE,
+    TAG_STAGE_ERROR,
+    TAG_SUPERSEDED,
+    registered_model_name,
+    run_name,
+    summary_run_name,
+)
 
 
 @dataclass
@@ -41,7 +52,12 @@ class MemoryRun:
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
-    files: list[str] = field(default_factory=list)
+    artifacts: dict[str, bytes] = field(default_factory=dict)  # path under the run's artifact root -> content
+    status: str = "RUNNING"
+
+    @property
+    def files(self) -> list[str]:
+        return list(self.artifacts)
 
 
 class MemoryTracker:
@@ -49,55 +65,100 @@ class MemoryTracker:
         self.model = model
         self.uri = "memory"
         self.runs: dict[str, MemoryRun] = {}
-        self.current: dict[str, str] = {}
+        self.versions: list[dict[str, str]] = []
         self.ship: dict[str, str] | None = None
 
     def run(self, precision: str) -> MemoryRun:
         """The build's current run."""
         return self.runs[self.build_run(precision)]
 
-    def build_run(self, precision: str, *, new: bool = False) -> str:
-        run_id = self._run(run_name(self.model, precision), new)
-        self.runs[run_id].params.setdefault(PARAM_PRECISION, precision)
+    # ---- runs ----------------------------------------------------------------------------------------
+
+    def _current(self, tag: str, value: str) -> str | None:
+        found = [i for i, r in self.runs.items() if r.tags.get(tag) == value and TAG_SUPERSEDED not in r.tags]
+        return found[-1] if found else None
+
+    def _run(self, tag: str, value: str, name: str, new: bool, tags: dict[str, str]) -> str:
+        current = self._current(tag, value)
+        if current is not None and not new:
+            return current
+        run_id = f"run-{len(self.runs)}"
+        self.runs[run_id] = MemoryRun(name, tags={**tags, tag: value})
+        if tag == TAG_PRECISION:
+            self.runs[run_id].params[PARAM_PRECISION] = value
+        if current is not None:
+            self.runs[current].tags[TAG_SUPERSEDED] = run_id
         return run_id
 
-    def _run(self, name: str, new: bool = False) -> str:
-        if name not in self.current or new:
-            self.current[name] = f"run-{len(self.runs)}"
-            self.runs[self.current[name]] = MemoryRun(name)
-        return self.current[name]
+    def build_run(self, precision: str, *, new: bool = False) -> str:
+        tags = build_run_tags(self.model, precision)
+        return self._run(TAG_PRECISION, precision, run_name(self.model, precision), new, tags)
 
-    def stage_is_logged(self, run_id: str, stage: str, digest: str) -> bool:
-        return stage_digest(self.runs[run_id].tags, stage) == digest
+    def summary_run(self, *, new: bool = False) -> str:
+        return self._run(TAG_KIND, KIND_SUMMARY, summary_run_name(self.model), new, {TAG_MODEL: self.model})
 
     def find_run(self, precision: str | None) -> str | None:
-        return None  # it holds no files: the local artifacts/ are all there is (pipelines/sync.py reads nothing)
+        return self._current(TAG_PRECISION, precision) if precision else self._current(TAG_KIND, KIND_SUMMARY)
 
-    def shipped(self) -> dict[str, str] | None:
-        return None
+    def logged_digest(self, run_id: str, stage: str) -> str | None:
+        tags = self.runs[run_id].tags
+        return stage_digest(tags, stage) if tags.get(TAG_STAGE.format(stage=stage)) == "done" else None
 
-    def has_artifacts(self, run_id: str, path: str) -> bool:
-        return any(f.startswith(f"{path}/") for f in self.runs[run_id].files)
+    # ---- stages --------------------------------------------------------------------------------------
 
-    def log_folder(self, run_id: str, folder: Path, artifact_path: str) -> None:
-        files = [f for f in folder.rglob("*") if f.is_file()]
-        self.runs[run_id].files += [f"{artifact_path}/{f.relative_to(folder)}" for f in files]
+    def log_stage(self, run_id: str, manifest: Manifest, files: Iterable[Path]) -> None:
+        run, out = self.runs[run_id], logged(manifest.result)
+        if any(k in run.params and run.params[k] != v for k, v in out.params.items()):
+            raise ParamsChanged(manifest.stage)
+        run.metrics |= out.metrics
+        for name, points in out.series.items():
+            run.series[name] = run.series.get(name, []) + list(points)
+        run.params = {**out.params, **run.params}
+        run.tags |= stage_tags(manifest.stage, manifest.inputs_digest, manifest.code, run.tags.get(TAG_DIGESTS))
+        run.tags.pop(TAG_STAGE_ERROR.format(stage=manifest.stage), None)
+        for path in files:
+            if path.is_dir():
+                self.log_folder(run_id, path, f"{manifest.stage}/{path.name}")
+            else:
+                run.artifacts[f"{manifest.stage}/{path.name}"] = path.read_bytes()
+        run.status = "FINISHED"
+
+    def mark_failed(self, run_id: str, stage: str, error: str) -> None:
+        self.runs[run_id].tags |= {TAG_STAGE.format(stage=stage): "failed", TAG_STAGE_ERROR.format(stage=stage): error}
+        self.runs[run_id].status = "FAILED"
+
+    def describe_failure(self, error: Exception) -> str:
+        return f"the in-memory store failed: {type(error).__name__}: {error}"
+
+    # ---- artifacts -----------------------------------------------------------------------------------
 
     def artifact_uri(self, run_id: str, path: str) -> str:
         return f"memory:/{run_id}/{path}"
 
-    def log_stage(self, run_id: str, manifest: Manifest, files: Iterable[Path]) -> None:
-        run, out = self.runs[run_id], logged(manifest.result)
-        if any(run.params.get(k, v) != v for k, v in out.params.items()):
-            raise ParamsChanged(manifest.stage)
-        run.metrics |= out.metrics
-        run.series |= out.series
-        run.params |= out.params
-        run.tags |= stage_tags(manifest.stage, manifest.inputs_digest, manifest.code, run.tags.get(TAG_DIGESTS))
-        run.files += [f"{manifest.stage}/{p.name}" for p in files]
+    def has_artifacts(self, run_id: str, path: str) -> bool:
+        return any(f.startswith(f"{path}/") for f in self.runs[run_id].artifacts)
 
-    def mark_failed(self, run_id: str, stage: str, error: str) -> None:
-        self.runs[run_id].tags |= {TAG_STAGE.format(stage=stage): "failed", TAG_STAGE_ERROR.format(stage=stage): error}
+    def log_folder(self, run_id: str, folder: Path, artifact_path: str) -> None:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file():
+                self.runs[run_id].artifacts[f"{artifact_path}/{f.relative_to(folder)}"] = f.read_bytes()
+
+    def download(self, run_id: str, path: str, dst: Path, *, skip: tuple[str, ...] = ()) -> Path | None:
+        prefix = f"{path}/"
+        chosen = {
+            name: data
+            for name, data in self.runs[run_id].artifacts.items()
+            if name.startswith(prefix) and name[len(prefix) :].split("/")[0] not in skip
+        }
+        if not chosen:
+            return None
+        for name, data in chosen.items():
+            target = dst / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return dst / path
+
+    # ---- the gate and the registry -------------------------------------------------------------------
 
     def log_verdicts(self, decision: Decision) -> None:
         base = self.run(decision.policy.baseline)
@@ -108,21 +169,54 @@ class MemoryTracker:
             self.run(b.precision).metrics |= verdict_metrics(b)
 
     def register_ship(self, run_id: str, source: str, why: str) -> dict[str, str]:
+        same = [v for v in self.versions if v["run_id"] == run_id and v["source"] == source]
+        if same:
+            version = same[0]
+        else:
+            version = {"version": str(len(self.versions) + 1), "run_id": run_id, "source": source}
+            self.versions.append(version)
         self.runs[run_id].tags[TAG_CHOSEN] = "true"
-        self.ship = {"name": registered_model_name(self.model), "version": "1", "alias": SHIP_ALIAS, "source": source}
-        return self.ship
+        self.ship = version
+        return {"name": registered_model_name(self.model), "version": version["version"], "alias": SHIP_ALIAS,
+                "source": source}  # fmt: skip
 
     def clear_ship(self) -> None:
         self.ship = None
 
+    def shipped(self) -> dict[str, str] | None:
+        if self.ship is None:
+            return None
+        precision = self.runs[self.ship["run_id"]].tags.get(TAG_PRECISION, "")
+        return {**self.ship, "precision": precision}
+
+    def download_version(self, alias: str, dst: Path) -> dict[str, str]:
+        name = registered_model_name(self.model)
+        if alias != SHIP_ALIAS or self.ship is None:
+            raise QevalError(
+                f"no version of {name} has alias '{alias}' in memory; run: qeval gate --model {self.model}"
+            )
+        run_id, path = self.ship["source"].removeprefix("memory:/").split("/", 1)
+        self.download(run_id, path, dst)
+        precision = self.runs[run_id].tags.get(TAG_PRECISION, "")
+        return {"name": name, "version": self.ship["version"], "alias": alias, "run_id": run_id,
+                "precision": precision, "source": self.ship["source"]}  # fmt: skip
+
     def log_decision(self, decision: Decision, file: Path) -> str:
-        run = self.runs[self._run(summary_run_name(self.model))]
-        run.params |= decision_params(decision)
+        params = decision_params(decision)
+        run_id = self.summary_run()
+        existing = self.runs[run_id].params
+        if any(k in existing and existing[k] != v for k, v in params.items()):
+            run_id = self.summary_run(new=True)  # params are immutable: a changed policy, a new run
+        run = self.runs[run_id]
+        run.params = {**params, **run.params}
         run.tags |= summary_tags(decision)
-        run.files.append(f"gate/{file.name}")
-        return self.current[run.name]
+        run.artifacts[f"gate/{file.name}"] = file.read_bytes()
+        run.status = "FINISHED"
+        return run_id
 
     def log_report(self, figures, tables, files) -> str:
-        run = self.runs[self._run(summary_run_name(self.model))]
-        run.files += [f"report/{n}" for n in [*figures, *tables, *(p.name for p in files)]]
-        return self.current[run.name]
+        run = self.runs[self.summary_run()]
+        run.artifacts |= {f"report/{n}": b"" for n in [*figures, *tables]}
+        run.artifacts |= {f"report/{p.name}": p.read_bytes() for p in files}
+        run.status = "FINISHED"
+        return self.find_run(None) or ""

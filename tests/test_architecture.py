@@ -1,5 +1,6 @@
-"""The seams between modules (docs/architecture.md): stages are leaves, MLflow names live in one place,
-each third-party library is imported by the module that wraps it."""
+"""The seams between modules (docs/architecture.md): the layers import downwards only, nothing imports in a
+cycle, stages are leaves, MLflow names live in tracking/, each third-party library is imported by the module
+that wraps it, and no file grows past what a reader takes in at one sitting."""
 
 from __future__ import annotations
 
@@ -7,17 +8,37 @@ import ast
 import re
 from pathlib import Path
 
-from conftest import REPO
+from helpers import REPO
 
-STAGE_MODULES = {"quantize", "evaluate", "bench", "serve_bench", "size", "gate", "report"}
-LIBRARY = [p for folder in ("pipelines", "eval", "quant") for p in sorted((REPO / folder).glob("*.py"))]
+from pipelines.core.code import FIRST_PARTY, module_files
+from pipelines.core.registry import STAGES
+
+# Top first; a module may import its own layer's modules and those of the layers below it.
+LAYERS = [
+    ("pipelines", "pipelines.__main__", "pipelines.cli", "pipelines.run", "pipelines.fanout"),
+    ("pipelines.stages", "pipelines.decision"),
+    ("pipelines.tracking",),
+    ("pipelines.present",),
+    ("pipelines.core",),
+    ("eval",),
+    ("quant", "refmodel"),
+]
+INDEPENDENT = [("pipelines.stages", "pipelines.decision"), ("quant", "refmodel")]
+"""Packages of one layer that do not import each other."""
+LIBRARY = [p for folder in ("pipelines", "eval", "quant") for p in sorted((REPO / folder).rglob("*.py"))]
 # what an MLflow metric, param or tag name looks like (a file name is not one)
 NAME = re.compile(r"(eval|recovery|quant|size|engine|mem|server|gate|qeval)[/.][\w./{}-]+")
 FILE = re.compile(r".*\.(json|jsonl|csv|png|md|log|yaml|py)")
+MAX_LINES = 420
 
 
-def _imports(path: Path) -> set[str]:
-    """Every module a file imports, at the top or inside a function."""
+def _module(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function (`from a import b`: a, and a.b)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -26,6 +47,114 @@ def _imports(path: Path) -> set[str]:
             out.add(node.module)
             out |= {f"{node.module}.{a.name}" for a in node.names}
     return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every first-party module a file imports."""
+    return {m for m in _imported_names(path) if m.split(".")[0] in FIRST_PARTY and _is_module(m)}
+
+
+def _is_module(name: str) -> bool:
+    base = REPO.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(layer index, the longest package or module of LAYERS the module falls under)."""
+    best = max(
+        ((i, p) for i, names in enumerate(LAYERS) for p in names if module == p or module.startswith(p + ".")),
+        key=lambda t: len(t[1]),
+    )
+    return best
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [*LIBRARY, *sorted((REPO / "refmodel").glob("*.py"))]
+    return {_module(p): {m for m in _imports(p) if m != _module(p)} for p in files}
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """The imports that reach a higher layer (the `pipelines` package's own __init__ aside: its docstring)."""
+    wrong = []
+    for module, imported in graph.items():
+        here, _ = _layer(module)
+        for other in imported:
+            there, _ = _layer(other)
+            if there < here and other != "pipelines":
+                wrong.append(f"{module} (layer {here}) imports {other} (layer {there})")
+    return wrong
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below():
+    assert _upward(_graph()) == []
+
+
+def test_packages_of_one_layer_that_are_independent_import_nothing_of_each_other():
+    graph = _graph()
+    for a, b in INDEPENDENT:
+        for module, imported in graph.items():
+            for mine, theirs in ((a, b), (b, a)):
+                if module == mine or module.startswith(mine + "."):
+                    assert not [m for m in imported if m == theirs or m.startswith(theirs + ".")], module
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module in done:
+            return
+        for other in sorted(graph.get(module, ())):
+            visit(other, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_the_layer_check_sees_an_upward_import():
+    made_up = {"pipelines.core.cards": {"pipelines.stages.serve", "eval.stats"}, "eval.stats": {"quant.recipes"},
+               "quant.recipes": {"eval.stats"}}  # fmt: skip
+    assert _upward(made_up) == [
+        "pipelines.core.cards (layer 4) imports pipelines.stages.serve (layer 1)",
+        "quant.recipes (layer 6) imports eval.stats (layer 5)",
+    ]
+
+
+def test_no_stage_module_imports_another_or_the_gate():
+    stage_modules = {s.module for s in STAGES.values()}
+    for module in stage_modules:
+        imported = set(_graph()[module])
+        assert not imported & (stage_modules - {module}), module
+        assert not [m for m in imported if m.startswith("pipelines.decision")], module
+
+
+def test_the_cache_key_of_each_stage_covers_the_code_it_runs():
+    """The lists that drifted when they were kept by hand (issue: serve without eval/speed.py and the child
+    runner, bench without quant/verify.py) follow from the imports now."""
+    files = {name: {str(p.relative_to(REPO)) for p in module_files(s.module)} for name, s in STAGES.items()}
+    assert {"eval/speed.py", "eval/serving.py", "eval/stream_stub.py", "pipelines/core/child.py",
+            "pipelines/stages/engines.py", "eval/paired.py"} <= files["serve"]  # fmt: skip
+    assert {"quant/verify.py", "eval/engine.py", "eval/gpus.py", "eval/sizing.py"} <= files["bench"]
+    assert {"quant/build.py", "quant/verify.py", "quant/cpu_awq.py", "quant/recipes.py"} <= files["quantize"]
+    assert "pipelines/stages/engines.py" not in files["quantize"]  # a stage's key is its own code's
+    assert not [f for fs in files.values() for f in fs if f.startswith(("pipelines/decision", "pipelines/tracking"))]
+
+
+def test_mlflow_names_are_written_only_in_tracking():
+    writers = {"pipelines/tracking/names.py", "pipelines/tracking/tables.py", "pipelines/tracking/mapping.py",
+               "pipelines/tracking/mlflow_tracker.py"}  # the tracker: the store's own keys (URIs, env)  # fmt: skip
+    found = [
+        f"{p.relative_to(REPO)}:{line}: {text!r}"
+        for p in LIBRARY
+        if str(p.relative_to(REPO)) not in writers
+        for line, text in _strings(p)
+        if NAME.fullmatch(text) and not FILE.fullmatch(text) and not _is_module(text)
+    ]
+    assert found == []
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:
@@ -46,31 +175,9 @@ def _strings(path: Path) -> list[tuple[int, str]]:
     ]
 
 
-def _is_module(text: str) -> bool:
-    return (REPO / f"{text.replace('.', '/')}.py").is_file()
-
-
-def test_no_stage_module_imports_another():
-    for name in STAGE_MODULES:
-        imported = _imports(REPO / "pipelines" / f"{name}.py")
-        others = {f"pipelines.{m}" for m in STAGE_MODULES - {name}}
-        assert not imported & others, f"pipelines/{name}.py imports {sorted(imported & others)}"
-
-
-def test_mlflow_names_are_written_only_in_mlflow_names():
-    found = [
-        f"{p.relative_to(REPO)}:{line}: {text!r}"
-        for p in LIBRARY
-        if p.name not in ("mlflow_names.py", "tracking.py")  # tracking.py: the store's own keys (URIs, env)
-        for line, text in _strings(p)
-        if NAME.fullmatch(text) and not FILE.fullmatch(text) and not _is_module(text)
-    ]
-    assert found == []
-
-
 def test_each_library_is_imported_by_the_module_that_wraps_it():
     wrappers = {
-        "mlflow": {"pipelines/tracking.py"},
+        "mlflow": {"pipelines/tracking/mlflow_tracker.py"},
         "lm_eval": {"eval/accuracy.py"},
         "llmcompressor": {"quant/build.py", "quant/recipes.py", "quant/cpu_awq.py"},
     }
@@ -78,6 +185,24 @@ def test_each_library_is_imported_by_the_module_that_wraps_it():
         users = {
             str(p.relative_to(REPO))
             for p in LIBRARY
-            if any(m == library or m.startswith(f"{library}.") for m in _imports(p))
+            if any(m == library or m.startswith(f"{library}.") for m in _imported_names(p))
         }
         assert users <= allowed, (library, users - allowed)
+
+
+def test_every_package_says_what_lives_there_and_no_file_is_long():
+    for init in sorted((REPO / "pipelines").rglob("__init__.py")):
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init.relative_to(REPO)} has no docstring"
+    long = [f"{p.relative_to(REPO)}: {n}" for p in LIBRARY if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert long == []
+
+
+def test_every_stage_of_the_registry_has_its_command_and_make_target():
+    from pipelines.cli import app
+
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands}
+    makefile = (REPO / "Makefile").read_text()
+    for spec in STAGES.values():
+        assert spec.command.split()[0] in commands, spec.name
+        assert re.search(rf"^{re.escape(spec.make_target)}:", makefile, re.M), spec.name
+        assert spec.name == spec.result.STAGE and callable(spec.load())

@@ -8,10 +8,10 @@ import pytest
 from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
-from pipelines.bench import bench
-from pipelines.errors import QevalError
-from pipelines.store_uri import tracking_uri
-from pipelines.tracking import MlflowTracker
+from pipelines.core.errors import QevalError
+from pipelines.stages.bench import bench
+from pipelines.tracking.mlflow_tracker import MlflowTracker
+from pipelines.tracking.store import tracking_uri
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +34,13 @@ def test_figures_are_consistent(benched):
         assert float(rows[1]["peak_mem_bytes"]) >= float(rows[0]["peak_mem_bytes"])
         e = record.result.engine
         assert e.kernels == ("native" if precision == "bf16" else "emulated (weights dequantized to bfloat16)")
+        assert e.embedding_bytes == 4096 * 256 * 2  # ref-lm's untied input table: indexed, not read, per step
         assert e.bandwidth_gb_s > 0 and "measured" in e.bandwidth_source
         assert [p.batch for p in record.result.main_points()] == [1, 2]
 
 
 def test_mlflow_gets_speed_against_batch(own_root):
-    from pipelines.cards import load_card
+    from pipelines.core.cards import load_card
 
     card = load_card("ref-small")
     tracker = MlflowTracker(card.name)
@@ -70,7 +71,8 @@ def test_speedup_is_checked_against_the_resident_bytes(benched):
 def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
     import json
 
-    from conftest import REPO
+    from helpers import REPO
+
     from eval.engine import EngineConfig, bench_engine
 
     shape = json.loads((REPO / "eval/configs/llama-2-7b.json").read_text())
@@ -94,12 +96,13 @@ def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
     # 2 layers of (4 x 256^2 attention + 3 x 256 x 512 MLP) + 2 x 32000 x 256 embeddings, + 5 norms, in bf16
     params = 2 * (4 * 256 * 256 + 3 * 256 * 512) + 2 * 32000 * 256 + 5 * 256
     assert result.weight_bytes >= 2 * params and result.points[0].status == "ok"
+    assert result.embedding_bytes == 32000 * 256 * 2 and result.execution == "native"  # Llama 2's table is untied
 
 
 def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_card, builds, tmp_path):
     """The GPU path (static cache, decode compiled by torch.compile) on CPU, where it is opt-in."""
     from eval.engine import EngineConfig, bench_engine
-    from pipelines.results import checkpoint_for
+    from pipelines.core.weights import checkpoint_for
 
     results = {}
     for precision in ("bf16", "gptq"):
@@ -124,7 +127,7 @@ def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_car
 
 
 def test_no_weights_from_the_card_is_labelled_as_such(small_root, workdir, monkeypatch):
-    from pipelines.cards import load_card
+    from pipelines.core.cards import load_card
 
     monkeypatch.setenv("QEVAL_CARDS_DIR", str(small_root / "cards"))  # the small card, an empty work folder
     card = load_card("ref-small")
@@ -140,8 +143,8 @@ def test_shipped_architecture_of_a_real_card_matches_published_kv_size():
     from transformers import AutoConfig
 
     from eval.sizing import Shape
-    from pipelines.cards import load_card
-    from pipelines.paths import resolve_repo_path
+    from pipelines.core.cards import load_card
+    from pipelines.core.paths import resolve_repo_path
 
     card = load_card("llama-3.1-8b-instruct")
     c = AutoConfig.from_pretrained(resolve_repo_path(card.source.config))

@@ -13,14 +13,14 @@ import shutil
 import sys
 
 import pytest
+from helpers import REPO, root_env
 
-from conftest import REPO, root_env
-from pipelines.cards import load_card
-from pipelines.gate import gate
-from pipelines.procs import running
-from pipelines.report import report
-from pipelines.results import gate_file
-from pipelines.tracking import MlflowTracker
+from pipelines.core.cards import load_card
+from pipelines.core.layout import gate_file
+from pipelines.core.procs import running
+from pipelines.decision.gate import gate
+from pipelines.present.report import report
+from pipelines.tracking.mlflow_tracker import MlflowTracker
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +42,9 @@ CHROMIUM_ARGS = [
 def ui(own_root):
     """`qeval ui` on loopback over the small card's store, after the gate and the report; yields the address
     it printed for the model, the decision and the card."""
-    from pipelines.bench import bench
-    from pipelines.evaluate import evaluate
-    from pipelines.quantize import quantize
+    from pipelines.stages.bench import bench
+    from pipelines.stages.evaluate import evaluate
+    from pipelines.stages.quantize import quantize
 
     card = load_card("ref-small")
     tracker = MlflowTracker(card.name)

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from pipelines.cards import card_names, load_card, parse_card
-from pipelines.errors import QevalError
-from pipelines.paths import REPO_ROOT
+from pipelines.core.cards import card_names, load_card, parse_card
+from pipelines.core.errors import QevalError
+from pipelines.core.paths import REPO_ROOT
 from quant.precisions import PRECISIONS
 
 REF_CARD = (REPO_ROOT / "pipelines/models/ref-lm.yaml").read_text()

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers import REPO, env_with, last_json_line
+from helpers import qeval as run_qeval
 
-from conftest import REPO, env_with, last_json_line
+pytestmark = pytest.mark.integration  # each test runs `qeval` in a process of its own
 
 
-def qeval(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines", *args],
-        cwd=REPO,
-        env=env_with(**env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def qeval(*args: str, **env: str):
+    return run_qeval(*args, env=env_with(**env))
 
 
 def test_models_lists_the_cards_as_json(workdir):

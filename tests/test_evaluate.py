@@ -7,17 +7,17 @@ import json
 import math
 
 import pytest
+from helpers import REPO
 from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO
 from eval import accuracy
 from eval.compare import recovery
-from pipelines.cards import load_card
-from pipelines.errors import QevalError
-from pipelines.evaluate import evaluate
-from pipelines.store_uri import tracking_uri
-from pipelines.tracking import MlflowTracker
+from pipelines.core.cards import load_card
+from pipelines.core.errors import QevalError
+from pipelines.stages.evaluate import evaluate
+from pipelines.tracking.mlflow_tracker import MlflowTracker
+from pipelines.tracking.store import tracking_uri
 
 pytestmark = pytest.mark.slow
 TASKS = ("refkjv_ppl", "refkjv_next_verse", "refkjv_last_word")

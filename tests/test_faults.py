@@ -14,18 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO, env_with, free_port, root_env
+from helpers import qeval_timed as _qeval
 
-from conftest import REPO, env_with, free_port, root_env
+pytestmark = pytest.mark.integration  # processes, servers and stores, each of its own
 
 PASSWORD = "S3cretPW99"
-
-
-def _qeval(*args: str, env: dict[str, str], timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
-    t0 = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "pipelines", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    return done, time.monotonic() - t0
 
 
 def _processes_naming(text: str) -> list[int]:
@@ -75,7 +69,7 @@ def test_the_ui_on_a_taken_port_is_an_error(tmp_path):
 
 @pytest.mark.slow
 def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_path):
-    from pipelines.procs import running
+    from pipelines.core.procs import running
 
     store = tmp_path / "server"
     store.mkdir()
@@ -92,9 +86,9 @@ def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_pa
 
 
 def _transformers_server(checkpoint: str, log: Path) -> tuple[subprocess.Popen, str]:
-    from pipelines.engines import transformers_command
-    from pipelines.procs import free_port as port_free
-    from pipelines.procs import wait_healthy
+    from pipelines.core.procs import free_port as port_free
+    from pipelines.core.procs import wait_healthy
+    from pipelines.stages.engines import transformers_command
 
     port = port_free()
     with log.open("wb") as out:
@@ -109,11 +103,12 @@ def _transformers_server(checkpoint: str, log: Path) -> tuple[subprocess.Popen, 
 def test_a_server_that_dies_mid_sweep_fails_the_stage_and_is_not_cached(own_root, tmp_path):
     from memory_tracker import MemoryTracker
 
-    from pipelines.cards import load_card
-    from pipelines.errors import QevalError
-    from pipelines.procs import stop_process_group
-    from pipelines.results import Served, checkpoint_for, finished
-    from pipelines.serve_bench import serve_bench
+    from pipelines.core.cards import load_card
+    from pipelines.core.errors import QevalError
+    from pipelines.core.procs import stop_process_group
+    from pipelines.core.results import Served, finished
+    from pipelines.core.weights import checkpoint_for
+    from pipelines.stages.serve import serve
 
     card = load_card("ref-small")
     card = card.model_copy(update={"server": card.server.model_copy(update={"requests_per_user": 200})})
@@ -124,7 +119,7 @@ def test_a_server_that_dies_mid_sweep_fails_the_stage_and_is_not_cached(own_root
     try:
         t0 = time.monotonic()
         with pytest.raises(QevalError, match="stopped answering during the sweep"):
-            serve_bench(card, "gptq", MemoryTracker(card.name), url=url)
+            serve(card, "gptq", MemoryTracker(card.name), url=url)
         assert time.monotonic() - t0 < 120
     finally:
         killer.cancel()
@@ -140,7 +135,7 @@ def test_sigterm_stops_the_server_and_fails_the_stage(own_root):
     card_file.write_text(card_file.read_text().replace("server:\n", "server:\n  engine: transformers\n", 1))
     build = own_root / "artifacts" / "ref-small" / "int8"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines", "serve-bench", "--model", "ref-small", "--precision", "int8"],
+        [sys.executable, "-m", "pipelines", "serve", "--model", "ref-small", "--precision", "int8"],
         cwd=REPO, env=root_env(own_root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 180
@@ -213,10 +208,10 @@ def test_models_checks_the_files_a_card_names(tmp_path):
 
 
 def test_a_store_that_turns_read_only_mid_stage_says_so(tmp_path, monkeypatch):
-    from pipelines.errors import QevalError
-    from pipelines.results import Quantized, finished
-    from pipelines.stages import run_stage
-    from pipelines.tracking import MlflowTracker
+    from pipelines.core.errors import QevalError
+    from pipelines.core.results import Quantized, finished
+    from pipelines.core.runner import run_stage
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
 
     monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -230,7 +225,7 @@ def test_a_store_that_turns_read_only_mid_stage_says_so(tmp_path, monkeypatch):
 
     try:
         with pytest.raises(QevalError, match=r"cannot be written \(disk I/O error: a read-only, full or immutable"):
-            run_stage(tracker, "bf16", Quantized, {"k": 1}, [Path(__file__)], work)
+            run_stage(tracker, "bf16", Quantized, {"k": 1}, work)
     finally:
         subprocess.run(["chattr", "-i", str(db)], capture_output=True)
     assert finished("m", "bf16", Quantized) is None

@@ -3,24 +3,25 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from helpers import env_with, last_json_line, qeval, root_env, same_logits
 
-from conftest import REPO, env_with, last_json_line, root_env, same_logits
 from eval.accuracy import leaves
-from eval.stats import compare
-from pipelines.cards import Gate
-from pipelines.charts import pareto
-from pipelines.gate import choose, combine, memory_rule, speed_rule, task_rule
-from pipelines.gate_inputs import task_threshold
-from pipelines.present import precision_colour
-from pipelines.results import FAIL, INCONCLUSIVE, NOT_GATED, PASS, BuildVerdict, Measured
+from eval.stats import Verdict, compare
+from pipelines.core.cards import Gate
+from pipelines.core.verdicts import BuildVerdict, Measured
+from pipelines.decision.policy import choose, combine, memory_rule, speed_rule, task_rule
+from pipelines.present.charts import pareto
+from pipelines.present.formats import precision_colour
+from quant.execution import Execution
+
+PASS, FAIL, INCONCLUSIVE, NOT_GATED = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.NOT_GATED
+NATIVE, EMULATED = Execution.NATIVE, Execution.EMULATED
 
 
 def _build(name: str, verdict: str, tps: float, weights: float) -> BuildVerdict:
-    speed = Measured(tps, weights + 1, weights, "native")
+    speed = Measured(tps, weights + 1, weights, NATIVE)
     return BuildVerdict(precision=name, verdict=verdict, rules=[], tasks={}, speed=speed, speedup=None)
 
 
@@ -46,47 +47,47 @@ def test_choose_fastest_with_ties_to_smaller_weights():
 
 
 def test_speed_rule():
-    base = Measured(100.0, 2.0, 16.0, "native")
-    fast = Measured(150.0, 1.2, 8.0, "native")
+    base = Measured(100.0, 2.0, 16.0, NATIVE)
+    fast = Measured(150.0, 1.2, 8.0, NATIVE)
     rule, up = speed_rule(Gate(min_speedup=1.2), fast, base, byte_ratio=2.0)
     assert rule.verdict == PASS and up == pytest.approx(1.5)
     assert speed_rule(Gate(min_speedup=1.6), fast, base, 2.0)[0].verdict == FAIL
-    suspect = speed_rule(Gate(min_speedup=1.2), Measured(300.0, 1.2, 8.0, "native"), base, byte_ratio=2.0)[0]
+    suspect = speed_rule(Gate(min_speedup=1.2), Measured(300.0, 1.2, 8.0, NATIVE), base, byte_ratio=2.0)[0]
     assert suspect.verdict == INCONCLUSIVE and "suspect" in suspect.reason  # 3x from half the bytes
-    slow = Measured(40.0, 1.2, 8.0, "emulated (weights dequantized to bfloat16)")
+    slow = Measured(40.0, 1.2, 8.0, EMULATED)
     rule = speed_rule(Gate(min_speedup=None), slow, base, 2.0)[0]
     assert rule.verdict == NOT_GATED and "0.40x" in rule.reason and "emulated" in rule.reason
 
 
 def test_speed_rule_wants_one_harness():
     compiled = "transformers generate, static cache, decode compiled"
-    base = Measured(100.0, 2.0, 16.0, "native", engine=compiled)
-    eager = Measured(150.0, 1.2, 8.0, "native", engine="transformers generate, static cache, eager")
+    base = Measured(100.0, 2.0, 16.0, NATIVE, engine=compiled)
+    eager = Measured(150.0, 1.2, 8.0, NATIVE, engine="transformers generate, static cache, eager")
     rule = speed_rule(Gate(min_speedup=1.2), eager, base, 2.0)[0]
     assert rule.verdict == INCONCLUSIVE and "not the same harness" in rule.reason
     assert speed_rule(Gate(min_speedup=None), eager, base, 2.0)[0].verdict == NOT_GATED
-    alike = Measured(150.0, 1.2, 8.0, "native", engine=compiled)
+    alike = Measured(150.0, 1.2, 8.0, NATIVE, engine=compiled)
     assert speed_rule(Gate(min_speedup=1.2), alike, base, 2.0)[0].verdict == PASS
 
 
 def test_speed_rule_in_the_server_regime_uses_goodput():
     policy = Gate(speed_regime="server", min_speedup=1.1)
-    base = Measured(100.0, 2.0, 16.0, "native", "server", goodput=4.0, users_at_slo=8)
-    build = Measured(90.0, 1.2, 8.0, "native", "server", goodput=5.0, users_at_slo=16)
+    base = Measured(100.0, 2.0, 16.0, NATIVE, "server", goodput=4.0, users_at_slo=8)
+    build = Measured(90.0, 1.2, 8.0, NATIVE, "server", goodput=5.0, users_at_slo=16)
     rule, up = speed_rule(policy, build, base, byte_ratio=2.0)
     assert rule.verdict == PASS and up == pytest.approx(1.25) and "16 vs 8 users" in rule.reason
-    none = Measured(100.0, 2.0, 16.0, "native", "server", goodput=0.0, users_at_slo=0)
+    none = Measured(100.0, 2.0, 16.0, NATIVE, "server", goodput=0.0, users_at_slo=0)
     assert speed_rule(policy, build, none, 2.0)[0].verdict == INCONCLUSIVE  # nothing to compare with
 
 
 def test_fit_rule_names_the_gpus_a_build_does_not_fit():
     from eval.gpus import get_gpu
     from eval.sizing import Shape, fit
-    from pipelines.gate import fit_rule
+    from pipelines.decision.policy import fit_rule
 
     llama8b = Shape(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256,
                     tied=False)  # fmt: skip
-    grid = {"batch": 32, "input_len": 2048, "output_len": 128}
+    grid = {"batch": 32, "input_len": 2048, "output_len": 128, "group_size": 128}
     bf16 = fit_rule([fit(llama8b, "bf16", get_gpu(g), **grid) for g in ("h100-sxm", "l4")])
     assert bf16.verdict == FAIL and "does not fit l4" in bf16.reason
     awq = fit_rule([fit(llama8b, "awq", get_gpu(g), **grid) for g in ("h100-sxm", "l4")])
@@ -94,7 +95,7 @@ def test_fit_rule_names_the_gpus_a_build_does_not_fit():
 
 
 def test_memory_rule():
-    m = Measured(100.0, 1.5, 1.0, "native")
+    m = Measured(100.0, 1.5, 1.0, NATIVE)
     assert memory_rule(Gate(memory_budget_gb=2), m).verdict == PASS
     assert memory_rule(Gate(memory_budget_gb=1), m).verdict == FAIL
     assert memory_rule(Gate(), m).verdict == NOT_GATED
@@ -102,10 +103,11 @@ def test_memory_rule():
 
 def test_task_thresholds_and_reasons():
     policy = Gate(min_recovery=0.98, task_min_recovery={"gsm8k": 0.95}, max_ppl_increase=0.02)
-    assert task_threshold(policy, "gsm8k", likelihood=False) == ("recovery", 0.95)
-    assert task_threshold(policy, "arc", likelihood=False) == ("recovery", 0.98)
-    assert task_threshold(policy, "wikitext", likelihood=True) == ("ppl_increase", 0.02)
-    assert task_threshold(Gate(), "wikitext", likelihood=True) == ("recovery", 0.99)
+    assert policy.threshold("gsm8k").rule(likelihood=False) == ("recovery", 0.95)
+    assert policy.threshold("gsm8k").rule(likelihood=True) == ("recovery", 0.95)  # its own bound wins
+    assert policy.threshold("arc").rule(likelihood=False) == ("recovery", 0.98)
+    assert policy.threshold("wikitext").rule(likelihood=True) == ("ppl_increase", 0.02)
+    assert Gate().threshold("wikitext").rule(likelihood=True) == ("recovery", 0.99)
     unsure = compare("acc", [1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], higher_is_better=True, threshold=0.98)
     reason = task_rule("arc", unsure).reason
     assert reason.startswith("arc: acc recovery 1.0000 [") and "documents would decide" in reason
@@ -125,9 +127,8 @@ def test_pareto_frontier():
 # ---- for real, on the small builds ---------------------------------------------------------------
 
 
-def _gate_cli(root, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pipelines", *args]
-    return subprocess.run(cmd, cwd=REPO, env=root_env(root), capture_output=True, text=True, timeout=300)
+def _gate_cli(root, *args: str):
+    return qeval(*args, env=root_env(root))
 
 
 def _with_policy(root, **policy) -> None:
@@ -142,9 +143,9 @@ def _with_policy(root, **policy) -> None:
 def test_gate_ships_a_build_and_registers_it(own_root):
     from mlflow.tracking import MlflowClient
 
-    from pipelines.cards import load_card
-    from pipelines.evaluate import evaluate
-    from pipelines.tracking import MlflowTracker
+    from pipelines.core.cards import load_card
+    from pipelines.stages.evaluate import evaluate
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
 
     # the session's builds were evaluated without a store: their (unchanged) evaluations go to this one's
     # runs, as `qeval run` logs them, for the regression gate below to read back
@@ -174,7 +175,8 @@ def test_gate_ships_a_build_and_registers_it(own_root):
     assert run.data.params["precision"] == decision["chosen"]
     assert run.data.tags["mlflow.runColor"] == precision_colour(decision["chosen"])
     note = run.data.tags["mlflow.note.content"]
-    assert note.startswith("PASS, SHIPS: ") and " · recovery " in note and note.endswith(("(native)", "(emulated)"))
+    assert note.startswith("PASS, SHIPS: ") and " · recovery " in note
+    assert note.endswith(tuple(f"({e})" for e in Execution))
     chosen = next(b for b in decision["builds"] if b["precision"] == decision["chosen"])
     assert run.data.metrics["gate/weights_gb"] == pytest.approx(chosen["speed"]["weights_gb"], rel=1e-3)  # 4 digits
     experiment = client.get_experiment(run.info.experiment_id)
@@ -233,10 +235,10 @@ def test_gate_ships_a_build_and_registers_it(own_root):
 def test_a_fit_rule_reads_the_size_stage(own_root):
     from memory_tracker import MemoryTracker
 
-    from pipelines.cards import load_card
-    from pipelines.errors import QevalError
-    from pipelines.gate import decide
-    from pipelines.size import size
+    from pipelines.core.cards import load_card
+    from pipelines.core.errors import QevalError
+    from pipelines.decision.gate import decide
+    from pipelines.stages.size import size
 
     _with_policy(own_root, min_recovery=0.5, min_speedup=None, must_fit=["a10g"])
     card = load_card("ref-small")
@@ -249,18 +251,16 @@ def test_a_fit_rule_reads_the_size_stage(own_root):
     assert len(fit) == 4 and all(r.verdict == PASS and "a10g" in r.reason for r in fit)
 
 
+@pytest.mark.integration
 def test_gate_without_measurements_is_a_one_line_error(tmp_path):
-    env = env_with(QEVAL_WORKDIR=str(tmp_path))
-    cmd = [sys.executable, "-m", "pipelines", "gate", "--model", "ref-lm"]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = qeval("gate", "--model", "ref-lm", env=env_with(QEVAL_WORKDIR=str(tmp_path)), timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert "no finished bench stage" in done.stderr and "qeval bench --model ref-lm" in done.stderr
 
 
+@pytest.mark.integration
 def test_report_without_a_decision_says_to_run_the_gate(tmp_path):
-    env = env_with(QEVAL_WORKDIR=str(tmp_path))
-    cmd = [sys.executable, "-m", "pipelines", "report", "--model", "ref-lm"]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = qeval("report", "--model", "ref-lm", env=env_with(QEVAL_WORKDIR=str(tmp_path)), timeout=120)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "no gate decision" in done.stderr and "qeval gate --model ref-lm" in done.stderr

@@ -3,14 +3,11 @@ that skips every build stage."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO, last_json_line, root_env
+from helpers import last_json_line, qeval, root_env
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +16,8 @@ def test_run_does_every_stage_then_skips_them(own_root):
     card = own_root / "cards" / "ref-small.yaml"
     card.write_text(card.read_text().replace("speed_regime: engine", "speed_regime: server"))  # as ref-lm's
     env = root_env(own_root)
-    cmd = [sys.executable, "-m", "pipelines", "run", "--model", "ref-small", "--json"]
-    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    args = ["run", "--model", "ref-small", "--json"]
+    first = qeval(*args, env=env, timeout=900)
     assert first.returncode in (0, 1) and first.stdout.strip(), first.stderr[-2000:]
     doc = last_json_line(first.stdout)
     stages = doc["stages"]
@@ -49,8 +46,8 @@ def test_run_does_every_stage_then_skips_them(own_root):
         "bf16": ("vllm", "native"),
         "fp8": ("vllm", "emulated"),
         "int8": ("vllm", "native"),
-        "awq": ("vllm", "native"),
-        "gptq": ("vllm", "native"),
+        "awq": ("vllm", "weight-only"),
+        "gptq": ("vllm", "weight-only"),
     }
     for p, r in served.items():
         assert set(r["accuracy"]["vs_offline"]) == {"refkjv_ppl", "refkjv_next_verse", "refkjv_last_word"}, p
@@ -58,6 +55,6 @@ def test_run_does_every_stage_then_skips_them(own_root):
     size = next(s for s in stages if s["stage"] == "size" and s["precision"] == "awq")["result"]
     assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
     t0 = time.perf_counter()
-    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    again = qeval(*args, env=env, timeout=300)
     assert again.returncode == first.returncode and time.perf_counter() - t0 < 60
     assert {s["status"] for s in last_json_line(again.stdout)["stages"]} == {"skipped"}

@@ -8,12 +8,13 @@ import pytest
 
 from eval.gpus import CATALOG, get_gpu
 from eval.sizing import Shape, fit, weight_bytes
-from pipelines.mlflow_names import logged
-from pipelines.paths import REPO_ROOT
-from pipelines.results import Quantized
+from pipelines.core.paths import REPO_ROOT
+from pipelines.core.results import Quantized
+from pipelines.tracking.mapping import logged
 from quant.build import QuantizeConfig
+from quant.execution import CPU, DEQUANTIZED, Device, Execution, execution
 from quant.precisions import PRECISIONS, build_recipe, get_precision
-from quant.recipes import RecipeOptions
+from quant.recipes import IGNORE, RecipeOptions
 from quant.verify import check_quantization_config
 
 LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-3.1-8b.json").read_text()))
@@ -29,7 +30,7 @@ def _saved_config(p) -> dict:
 @pytest.mark.parametrize("name", list(PRECISIONS))
 def test_every_precision_through_recipe_proof_sizing_gpus_and_tracking(name):
     p = get_precision(name)
-    recipe = build_recipe(name, RecipeOptions(group_size=64))
+    recipe = build_recipe(name, RecipeOptions(group_size=64, ignore=list(IGNORE)))
     if p.weight_bits == 16:
         assert recipe is None and p.checkpoint_format is None and not p.needs_calibration
     else:
@@ -44,10 +45,10 @@ def test_every_precision_through_recipe_proof_sizing_gpus_and_tracking(name):
     # every GPU of the catalog runs it somehow, and its prefill floor uses the units it runs on
     for gpu in CATALOG:
         f = fit(LLAMA3_8B, name, gpu, batch=1, input_len=128, output_len=1, group_size=64)
-        assert f.execution == p.execution(gpu.capability) in ("native", "weight-only", "emulated")
+        assert f.execution == execution(name, gpu.device) in ("native", "weight-only", "emulated")
         assert gpu.compute_flops(name) >= gpu.bf16_flops
     # what the build logs says what it is, at the card's group size
-    cfg = QuantizeConfig(base="b", precision=name, group_size=64)
+    cfg = QuantizeConfig(base="b", precision=name, group_size=64, ignore=list(IGNORE))
     params = logged(Quantized(checkpoint="c", checkpoint_bytes=1, scheme=p.describe(64), config=cfg)).params
     assert params["quant.scheme"] == p.describe(64) and ("group 64" in params["quant.scheme"]) == p.grouped
 
@@ -60,7 +61,32 @@ def test_how_each_gpu_generation_runs_each_precision():
     h100 = get_gpu("h100-sxm")
     assert h100.compute_flops("fp8") == h100.fp8_flops and h100.compute_flops("awq") == h100.bf16_flops
     assert get_gpu("a100-80gb").compute_flops("fp8") == get_gpu("a100-80gb").bf16_flops  # weight-only: 16-bit math
-    assert get_precision("fp8").execution((7, 0)) == "emulated"  # before Marlin's kernels
+    assert execution("fp8", Device("cuda", (7, 0))) == "emulated"  # before Marlin's kernels
+
+
+def test_execution_is_one_function_of_the_precision_the_device_and_the_kernel():
+    """What each engine reported for ref-lm's builds (docs/toolchain.md), and what sizing assumes per GPU."""
+    on_cpu = {
+        "int8": "CPUInt8ScaledMMLinearKernel",
+        "awq": "CPUWNA16LinearKernel",
+        "gptq": "CPUWNA16LinearKernel",
+        "fp8": "ChannelWiseTorchFP8ScaledMMLinearKernel",
+    }
+    assert {p: execution(p, CPU, k) for p, k in on_cpu.items()} == {
+        "int8": Execution.NATIVE,  # oneDNN's int8 GEMM
+        "awq": Execution.WEIGHT_ONLY,  # 4-bit weights unpacked in the kernel, 16-bit compute
+        "gptq": Execution.WEIGHT_ONLY,
+        "fp8": Execution.EMULATED,  # torch._scaled_mm without AMX-FP8
+    }
+    assert execution("bf16", CPU) == execution("bf16", CPU, DEQUANTIZED) == Execution.NATIVE
+    assert {execution(p, CPU, DEQUANTIZED) for p in on_cpu} == {Execution.EMULATED}  # transformers
+    assert execution("int8", CPU) == Execution.UNKNOWN  # vLLM said nothing of its kernel
+    hopper, ampere = Device("cuda", (9, 0)), Device("cuda", (8, 0))
+    assert execution("fp8", hopper, "CutlassFP8ScaledMMLinearKernel") == Execution.NATIVE
+    # the same FP8 build below compute capability 8.9 runs on Marlin: weight-only, as the registry says
+    assert execution("fp8", ampere, "MarlinFP8ScaledMMLinearKernel") == execution("fp8", ampere) == "weight-only"
+    assert execution("awq", hopper, "MachetteLinearKernel") == Execution.WEIGHT_ONLY  # no 4-bit tensor cores
+    assert execution("int8", Device("cuda")) == Execution.UNKNOWN  # a GPU of unknown capability
 
 
 def test_unknown_precision_suggests_the_closest():

@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import time
 
-from pipelines import present, progress
-from pipelines.mlflow_names import NAMES, PARAM_PRECISION, runs_view
+from pipelines.core import progress
+from pipelines.present import formats as present
+from pipelines.tracking.mapping import build_run_tags
+from pipelines.tracking.names import PARAM_PRECISION, TAG_RUN_COLOUR
+from pipelines.tracking.tables import NAMES
+from pipelines.tracking.view import runs_view
 
 
 def test_sizes_counts_and_times_read_in_sensible_units():
@@ -21,8 +25,11 @@ def test_sizes_counts_and_times_read_in_sensible_units():
 
 def test_a_precision_has_one_colour_and_precisions_differ():
     shown = {p: present.precision_colour(p) for p in ("bf16", "fp8", "int8", "awq", "gptq", "w8a16", "nvfp4")}
-    assert len(set(list(shown.values())[:5])) == 5  # the five the pipeline builds never share a colour
-    assert present.precision_colour("awq") == present.precision_colour("awq")
+    five = list(shown.values())[:5]
+    assert len(set(five)) == 5  # the five the pipeline builds never share a colour
+    assert shown["w8a16"] not in five and shown["nvfp4"] not in five  # a precision added later gets a spare one
+    # the MLflow run's colour is the chart's
+    assert all(build_run_tags("m", p)[TAG_RUN_COLOUR] == colour for p, colour in shown.items())
 
 
 def test_the_runs_view_names_only_what_qeval_logs():
@@ -46,12 +53,15 @@ def test_progress_lines_say_elapsed_estimate_and_step(caplog):
     )
     assert progress.line("m@awq quantize", 200, 180, "") == "m@awq quantize: 3m20s, past the 3m00s estimate"
     assert progress.last_line("Tokenizing: 10%\rTokenizing: 55%\r") == "Tokenizing: 55%"
-    assert progress.estimate("m", "evaluate", None) is None
+    assert progress.estimate("m", "evaluate", None) is None  # a fresh process (the fixture resets it)
     progress.finished("m", "evaluate", 100.0)
     progress.finished("m", "evaluate", 140.0)
     assert progress.estimate("m", "evaluate", None) == 120.0
     assert progress.estimate("m", "evaluate", 90.0) == 90.0  # this build's own last run wins
-    with caplog.at_level(logging.INFO, logger="pipelines.progress"), progress.heartbeat("m@int8 bench", None, 0.05):
+    with (
+        caplog.at_level(logging.INFO, logger="pipelines.core.progress"),
+        progress.heartbeat("m@int8 bench", None, 0.05),
+    ):
         progress.step("\x1b[32mRunning loglikelihood requests:  45%\x1b[0m")
         time.sleep(0.2)
     assert any(r.getMessage().endswith("; Running loglikelihood requests: 45%") for r in caplog.records)

@@ -11,32 +11,33 @@ import torch
 from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
-from pipelines.cards import load_card
-from pipelines.errors import QevalError
-from pipelines.quantize import quantize
-from pipelines.results import Quantized, finished
-from pipelines.store_uri import tracking_uri
-from pipelines.tracking import MlflowTracker
+from pipelines.core.cards import load_card
+from pipelines.core.errors import QevalError
+from pipelines.core.results import Quantized, finished
+from pipelines.stages.quantize import quantize
+from pipelines.tracking.mlflow_tracker import MlflowTracker
+from pipelines.tracking.store import tracking_uri
 from quant.build import misaligned_layers
 from quant.calibration import MIN_TOKENS, CalibrationSpec, prepare
 from quant.precisions import PRECISIONS, build_recipe
-from quant.recipes import RecipeOptions
+from quant.recipes import GROUP_SIZE, IGNORE, RecipeOptions
 from quant.verify import check_quantization_config, compare_logits
 
 
 def test_every_precision_has_a_recipe():
-    assert build_recipe("bf16", RecipeOptions()) is None
+    defaults = RecipeOptions(GROUP_SIZE, list(IGNORE))
+    assert build_recipe("bf16", defaults) is None
     for name in PRECISIONS.keys() - {"bf16"}:
         recipe = build_recipe(name, RecipeOptions(group_size=64, ignore=["lm_head", "x"]))
         assert recipe and all(type(m).__name__.endswith("Modifier") for m in recipe)
-    gptq = build_recipe("gptq", RecipeOptions(group_size=64))[0]
+    gptq = build_recipe("gptq", RecipeOptions(group_size=64, ignore=list(IGNORE)))[0]
     assert gptq.config_groups["group_0"].weights.group_size == 64
     assert gptq.config_groups["group_0"].weights.num_bits == 4 and gptq.ignore == ["lm_head"]
-    awq = build_recipe("awq", RecipeOptions())
+    awq = build_recipe("awq", defaults)
     assert [type(m).__name__ for m in awq] == ["AWQModifier", "QuantizationModifier"]
     assert awq[1].config_groups["group_0"].weights.symmetric is False
     with pytest.raises(ValueError, match="unknown precision"):
-        build_recipe("int3", RecipeOptions())
+        build_recipe("int3", defaults)
 
 
 def test_misaligned_layers_are_named():

@@ -8,8 +8,9 @@ import math
 import pytest
 
 from eval.gpus import get_gpu, gpu_for_device
-from eval.sizing import Assumptions, Shape, decode_read_bytes, fit, weight_bytes
-from pipelines.paths import REPO_ROOT
+from eval.sizing import Assumptions, Shape, fit, weight_bytes
+from eval.speed import decode_step_bytes
+from pipelines.core.paths import REPO_ROOT
 
 LLAMA2_7B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-2-7b.json").read_text()))
 LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-3.1-8b.json").read_text()))
@@ -18,24 +19,28 @@ REF_LM = Shape.from_config(json.loads((REF_LM_DIR / "config.json").read_text()))
 
 
 def test_weights_and_kv_cache_match_published_figures():
-    assert weight_bytes(LLAMA2_7B, "bf16") / 1e9 == pytest.approx(13.5, abs=0.05)  # 6.74B parameters
+    assert weight_bytes(LLAMA2_7B, "bf16", 128) / 1e9 == pytest.approx(13.5, abs=0.05)  # 6.74B parameters
     assert LLAMA2_7B.kv_bytes_per_token() == 512 * 1024  # fp16: 512 KiB
     assert LLAMA3_8B.kv_bytes_per_token() == 128 * 1024  # grouped-query attention: 128 KiB
     # bytes read per decoded token (the embedding table is indexed, not read): 13.2 / 6.7 / 3.6 GB, and
     # 15.0 / 8.0 / 4.65 GB for Llama-3-8B
     for shape, published in ((LLAMA2_7B, (13.2, 6.7, 3.6)), (LLAMA3_8B, (15.0, 8.0, 4.65))):
-        read = [decode_read_bytes(shape, weight_bytes(shape, p)) / 1e9 for p in ("bf16", "int8", "gptq")]
+        read = [decode_step_bytes(weight_bytes(shape, p, 128), shape.embedding_table_bytes, 0, 1, 0) / 1e9
+                for p in ("bf16", "int8", "gptq")]  # fmt: skip
         assert read == pytest.approx(published, rel=0.012)
 
 
 def test_decode_ceilings_match_published_figures():
     def ceiling(gpu: str, precision: str) -> float:
-        return fit(LLAMA2_7B, precision, get_gpu(gpu), batch=1, input_len=1, output_len=2).decode_tps_per_user
+        return fit(
+            LLAMA2_7B, precision, get_gpu(gpu), batch=1, input_len=1, output_len=2, group_size=128
+        ).decode_tps_per_user
 
     assert [ceiling("h100-sxm", p) for p in ("bf16", "int8", "gptq")] == pytest.approx([254, 497, 930], rel=0.01)
     assert [ceiling("h200", p) for p in ("bf16", "int8", "gptq")] == pytest.approx([363, 712, 1333], rel=0.01)
     # an assumed MBU scales the ceiling; gpt-fast's compiled bf16 on an A100 ran at about 70 % of it
-    a100 = fit(LLAMA2_7B, "bf16", get_gpu("a100-80gb"), batch=1, input_len=1, output_len=2, a=Assumptions(mbu=0.7))
+    a100 = fit(LLAMA2_7B, "bf16", get_gpu("a100-80gb"), batch=1, input_len=1, output_len=2, group_size=128,
+               a=Assumptions(mbu=0.7))  # fmt: skip
     assert a100.decode_tps_per_user == pytest.approx(104.9, rel=0.05)
 
 
@@ -45,9 +50,9 @@ def test_what_fits_by_hand():
 
     with safe_open(str(REF_LM_DIR / "model.safetensors"), "pt") as f:
         stored = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 - not a dict
-    assert REF_LM.params == stored == 6_819_072 and weight_bytes(REF_LM, "bf16") == 2 * stored
+    assert REF_LM.params == stored == 6_819_072 and weight_bytes(REF_LM, "bf16", 128) == 2 * stored
     l4 = get_gpu("l4")
-    f = fit(LLAMA3_8B, "bf16", l4, batch=32, input_len=2048, output_len=128)
+    f = fit(LLAMA3_8B, "bf16", l4, batch=32, input_len=2048, output_len=128, group_size=128)
     usable = 24 * 2**30 * 0.9  # 23.2 GB
     kv = 32 * 2176 * 128 * 1024  # 9.1 GB
     assert f.usable_gb == pytest.approx(usable / 1e9) and f.kv_gb == pytest.approx(kv / 1e9)
@@ -55,25 +60,28 @@ def test_what_fits_by_hand():
     assert f.max_sequences == max(
         0, int((usable - 2 * LLAMA3_8B.params - f.workspace_gb * 1e9 - 2**30) / (2176 * 128 * 1024))
     )
-    awq = fit(LLAMA3_8B, "awq", l4, batch=32, input_len=2048, output_len=128)
+    awq = fit(LLAMA3_8B, "awq", l4, batch=32, input_len=2048, output_len=128, group_size=128)
     assert awq.fits and awq.tensor_parallel == 1 and awq.max_sequences > 32
     assert (
         awq.execution == "weight-only"
-        and fit(LLAMA3_8B, "fp8", l4, batch=1, input_len=1, output_len=1).execution == "native"
+        and fit(LLAMA3_8B, "fp8", l4, batch=1, input_len=1, output_len=1, group_size=128).execution == "native"
     )
-    assert fit(LLAMA3_8B, "fp8", get_gpu("a100-80gb"), batch=1, input_len=1, output_len=1).execution == "weight-only"
+    assert (
+        fit(LLAMA3_8B, "fp8", get_gpu("a100-80gb"), batch=1, input_len=1, output_len=1, group_size=128).execution
+        == "weight-only"
+    )
     huge = Shape(
         layers=80, hidden=8192, intermediate=28672, heads=64, kv_heads=8, head_dim=128, vocab=128256, tied=False
     )
-    llama70 = fit(huge, "bf16", get_gpu("h100-sxm"), batch=1, input_len=128, output_len=128)
+    llama70 = fit(huge, "bf16", get_gpu("h100-sxm"), batch=1, input_len=128, output_len=128, group_size=128)
     assert llama70.weights_gb == pytest.approx(141.1, abs=0.1) and llama70.max_sequences == 0
     assert llama70.tensor_parallel == 2  # 70.6 GB of weights per GPU under 77.3 GB usable
 
 
 def test_prefill_floor_is_compute_bound():
     h100 = get_gpu("h100-sxm")
-    bf16 = fit(LLAMA2_7B, "bf16", h100, batch=1, input_len=2048, output_len=1)
-    fp8 = fit(LLAMA2_7B, "fp8", h100, batch=1, input_len=2048, output_len=1)
+    bf16 = fit(LLAMA2_7B, "bf16", h100, batch=1, input_len=2048, output_len=1, group_size=128)
+    fp8 = fit(LLAMA2_7B, "fp8", h100, batch=1, input_len=2048, output_len=1, group_size=128)
     # 2 x 6.6e9 x 2048 FLOPs + attention at 989 TFLOP/s: about 28 ms; FP8 tensor cores halve it
     assert bf16.ttft_ms == pytest.approx(28.5, rel=0.1) and fp8.ttft_ms == pytest.approx(bf16.ttft_ms / 2, rel=0.01)
 
@@ -86,10 +94,12 @@ def test_the_published_tensorrt_llm_sizing_is_not_weights_plus_kv():
     reservation (activation buffers for the build's max tokens, plugin workspaces) that the table does
     not itemize, so it cannot be reproduced from the model and the limits alone.
     """
-    rest_fp8 = 23.54 - weight_bytes(LLAMA2_7B, "fp8") / 1e9
-    rest_awq = 16.54 - weight_bytes(LLAMA2_7B, "awq") / 1e9
+    rest_fp8 = 23.54 - weight_bytes(LLAMA2_7B, "fp8", 128) / 1e9
+    rest_awq = 16.54 - weight_bytes(LLAMA2_7B, "awq", 128) / 1e9
     assert rest_fp8 - rest_awq == pytest.approx(3.9, abs=0.1)
-    full_kv = fit(LLAMA2_7B, "fp8", get_gpu("h100-sxm"), batch=64, input_len=2048, output_len=2048).kv_gb
+    full_kv = fit(
+        LLAMA2_7B, "fp8", get_gpu("h100-sxm"), batch=64, input_len=2048, output_len=2048, group_size=128
+    ).kv_gb
     assert full_kv > 100  # the limits' whole KV cache (137 GB in fp16) is far more than either figure
 
 
@@ -102,22 +112,21 @@ def test_catalog_lookup():
         get_gpu("h100")
 
 
+@pytest.mark.integration
 def test_size_prints_every_catalog_gpu_for_a_real_card_offline(tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import REPO, env_with, last_json_line
+    from helpers import env_with, last_json_line, qeval
 
     env = env_with(QEVAL_WORKDIR=str(tmp_path), HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "pipelines", "size", "--model", "llama-3.1-8b-instruct", "--json"]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    args = ["size", "--model", "llama-3.1-8b-instruct", "--json"]
+    done = qeval(*args, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-1500:]
+    assert "90% of memory, 1 GiB reserve, 2-byte KV entries" in done.stdout  # the assumptions, as sizing has them
     rows = last_json_line(done.stdout)["rows"]
     assert len(rows) == 9 * 5 and {r["gpu"] for r in rows} >= {"h100-sxm", "h200", "l4", "a10g"}
     h100 = next(r for r in rows if r["gpu"] == "h100-sxm" and r["precision"] == "bf16")
     assert h100["weights_gb"] == pytest.approx(16.06, abs=0.005) and h100["fits"] is True  # numbers, not table text
     assert isinstance(h100["max_sequences"], int) and h100["execution"] == "native"
-    bad = subprocess.run([*cmd[:-1], "--gpu", "h100"], cwd=REPO, env=env, capture_output=True, text=True)
+    bad = qeval(*args[:-1], "--gpu", "h100", env=env, timeout=120)
     assert bad.returncode == 2 and "unknown GPU 'h100'" in bad.stderr and bad.stderr.strip().count("\n") == 0
 
 
@@ -133,6 +142,7 @@ def test_the_group_size_reaches_the_projection():
     assert weight_bytes(LLAMA3_8B, "int8", 64) == weight_bytes(LLAMA3_8B, "int8", 128)  # per channel
 
 
+@pytest.mark.integration  # loads a model
 def test_kv_bytes_per_token_is_what_the_model_caches():
     """Counted from the key and value tensors ref-lm's own cache holds after a forward pass."""
     import torch
@@ -150,14 +160,30 @@ def test_kv_bytes_per_token_is_what_the_model_caches():
 def test_size_stage_uses_real_bytes_and_checks_itself_against_the_bench(own_root, builds):
     from memory_tracker import MemoryTracker
 
-    from pipelines.cards import load_card
-    from pipelines.size import size
+    from pipelines.core.cards import load_card
+    from pipelines.stages.size import size
 
     card = load_card("ref-small")
     s = size(card, "gptq", MemoryTracker(card.name)).result
+    assert s.assumptions.kv_dtype_bytes == 2 and s.kv_bytes_per_token == REF_LM.kv_bytes_per_token()
     real = builds["gptq"].result.checkpoint_bytes
     assert s.weights_from == "checkpoint files" and s.weights_bytes == real
     assert s.weights_bytes_from_config == pytest.approx(real, rel=0.02)  # projection vs the real files
     assert {f.gpu for f in s.fits} == {"h100-sxm", "l4"} and all(f.weights_gb == real / 1e9 for f in s.fits)
     # the bench's own device: measured decode speed against the bandwidth ceiling
     assert 0 < s.bench_check.measured_over_ceiling < 1.5
+
+
+def test_an_fp8_kv_cache_reaches_the_projection(tmp_path, monkeypatch):
+    """A card that serves an FP8 KV cache is sized with 1-byte entries: half the KV memory, more sequences."""
+    from pipelines.core.cards import load_card
+    from pipelines.stages.size import assumptions, fits_table
+
+    card = load_card("llama-3.1-8b-instruct")
+    fp8 = card.model_copy(update={"server": card.server.model_copy(update={"kv_cache_dtype": "fp8"})})
+    monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))  # no builds here: weights from the config
+    grid = {"batch": 32, "input_len": 2048, "output_len": 128}
+    (auto,) = fits_table(card, ["bf16"], ["h100-sxm"], **grid, a=assumptions(card))
+    (half,) = fits_table(fp8, ["bf16"], ["h100-sxm"], **grid, a=assumptions(fp8))
+    assert assumptions(fp8).kv_dtype_bytes == 1 and half.kv_gb == pytest.approx(auto.kv_gb / 2)
+    assert half.max_sequences > 1.9 * auto.max_sequences

@@ -1,20 +1,32 @@
-"""The stage framework: caching, atomic results, failures, and logging to a real MLflow store."""
+"""The stage framework: caching (inputs and code), atomic results, failures, and logging to a real MLflow store."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from memory_tracker import MemoryTracker
-from mlflow.tracking import MlflowClient
 
-from pipelines.errors import QevalError
-from pipelines.results import Quantized, Sized, finished, stage_dir
-from pipelines.stages import code_version, run_stage
-from pipelines.store_uri import tracking_uri
-from pipelines.tracking import MlflowTracker
+from pipelines.core import runner
+from pipelines.core.code import code_digest, code_version
+from pipelines.core.errors import QevalError
+from pipelines.core.layout import stage_dir
+from pipelines.core.results import Quantized, Served, Sized, finished
+from pipelines.core.runner import run_stage
 
-CODE = [Path(__file__)]
+
+def _served() -> Served:
+    from eval.loadgen import LoadSettings
+    from pipelines.core.cards import Slo
+    from pipelines.core.results import GeneratorCeiling
+
+    load = LoadSettings(api="completions", concurrency=[1], requests_per_user=1, warmup=0, input_len=1, output_len=2,
+                        timeout_s=1)  # fmt: skip
+    return Served(engine="external", execution="unknown", load=load, slo=Slo(ttft_ms=1, tpot_ms=1), per_level={},
+                  max_users_at_slo=0, failed_requests=0, generator_ceiling=GeneratorCeiling(chunks_per_s=1,
+                  concurrency=1, failed=0), generator_bound=False)  # fmt: skip
 
 
 def _sized() -> Sized:
@@ -22,7 +34,7 @@ def _sized() -> Sized:
     from eval.sizing import Assumptions, Shape, fit
 
     shape = Shape(layers=2, hidden=128, intermediate=256, heads=2, kv_heads=2, head_dim=64, vocab=512, tied=False)
-    f = fit(shape, "bf16", get_gpu("l4"), batch=1, input_len=8, output_len=8)
+    f = fit(shape, "bf16", get_gpu("l4"), batch=1, input_len=8, output_len=8, group_size=128)
     return Sized(
         batch=1, input_len=8, output_len=8, group_size=128, weights_bytes=1e6, weights_from="from config",
         weights_bytes_from_config=1e6, kv_bytes_per_token=1024, assumptions=Assumptions(), fits=[f],
@@ -45,21 +57,31 @@ class Work:
 
 def test_done_stage_is_skipped_until_inputs_change_or_forced(workdir):
     tracker, work = MemoryTracker("m"), Work()
-    first = run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, work)
+    first = run_stage(tracker, "bf16", Quantized, {"k": 1}, work)
     assert first.status == "done" and work.calls == 1 and first.result.checkpoint_bytes == 10**9
     assert (stage_dir("m", "bf16", "quantize") / "result.txt").read_text() == "1.0"
-    assert run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, work).status == "skipped"
+    assert run_stage(tracker, "bf16", Quantized, {"k": 1}, work).status == "skipped"
     assert work.calls == 1
-    assert run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, work, force=True).status == "done"
-    assert run_stage(tracker, "bf16", Quantized, {"k": 2}, CODE, work).status == "done"
+    assert run_stage(tracker, "bf16", Quantized, {"k": 1}, work, force=True).status == "done"
+    assert run_stage(tracker, "bf16", Quantized, {"k": 2}, work).status == "done"
     assert work.calls == 3
     done = finished("m", "bf16", Quantized)
     assert done.result == first.result and done.code == code_version() and done.versions["torch"] != "absent"
 
 
+def _mlflow():
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
+    from pipelines.tracking.store import tracking_uri
+
+    return MlflowTracker, MlflowClient(tracking_uri())
+
+
+@pytest.mark.integration
 def test_a_stage_is_logged_to_its_builds_run(workdir):
-    record = run_stage(MlflowTracker("m"), "bf16", Quantized, {"k": 1}, CODE, Work(2.0))
-    client = MlflowClient(tracking_uri())
+    MlflowTracker, client = _mlflow()
+    record = run_stage(MlflowTracker("m"), "bf16", Quantized, {"k": 1}, Work(2.0))
     run = client.get_run(record.run_id)
     assert run.data.metrics["size/checkpoint_gb"] == 2.0
     assert run.data.params["quant.scheme"] == "a"
@@ -69,38 +91,41 @@ def test_a_stage_is_logged_to_its_builds_run(workdir):
     assert {"quantize/manifest.json", "quantize/result.txt", "quantize/stage.log"} <= artifacts
 
 
+@pytest.mark.integration
 def test_failed_stage_is_tagged_and_keeps_the_earlier_result(workdir):
+    MlflowTracker, client = _mlflow()
     tracker = MlflowTracker("m")
-    good = run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, Work(1.0))
+    good = run_stage(tracker, "bf16", Quantized, {"k": 1}, Work(1.0))
     with pytest.raises(QevalError, match=r"stage 'quantize' failed for m@bf16: RuntimeError: boom \(log: "):
-        run_stage(tracker, "bf16", Quantized, {"k": 2}, CODE, Work(2.0, fail=True))
-    tags = MlflowClient(tracking_uri()).get_run(good.run_id).data.tags
+        run_stage(tracker, "bf16", Quantized, {"k": 2}, Work(2.0, fail=True))
+    tags = client.get_run(good.run_id).data.tags
     assert tags["qeval.stage.quantize"] == "failed" and tags["qeval.stage.quantize.error"] == "RuntimeError: boom"
     final = stage_dir("m", "bf16", "quantize")
     assert finished("m", "bf16", Quantized).inputs_digest == good.digest  # the earlier result is intact
     assert (final.parent / "quantize.failed" / "result.txt").read_text() == "2.0"
     assert not list(final.parent.glob("quantize.partial-*"))
     # the next run with the good inputs finds its result and marks the stage done again
-    again = run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, Work(1.0))
+    again = run_stage(tracker, "bf16", Quantized, {"k": 1}, Work(1.0))
     assert again.status == "skipped"
-    tags = MlflowClient(tracking_uri()).get_run(again.run_id).data.tags
+    tags = client.get_run(again.run_id).data.tags
     assert tags["qeval.stage.quantize"] == "done" and "qeval.stage.quantize.error" not in tags
 
 
 def test_first_run_crash_leaves_nothing_marked_done(workdir):
     with pytest.raises(QevalError):
-        run_stage(MemoryTracker("m"), "bf16", Quantized, {"k": 1}, CODE, Work(fail=True))
+        run_stage(MemoryTracker("m"), "bf16", Quantized, {"k": 1}, Work(fail=True))
     assert finished("m", "bf16", Quantized) is None
     assert not (stage_dir("m", "bf16", "quantize") / "manifest.json").exists()
 
 
+@pytest.mark.integration
 def test_changed_params_start_a_new_run_that_carries_the_other_stages(workdir):
+    MlflowTracker, client = _mlflow()
     tracker = MlflowTracker("m")
-    other = run_stage(tracker, "bf16", Sized, {}, CODE, lambda out: _sized())
-    run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, Work(1.0, scheme="a"))
-    second = run_stage(tracker, "bf16", Quantized, {"k": 2}, CODE, Work(2.0, scheme="b"))
+    other = run_stage(tracker, "bf16", Sized, {}, lambda out: _sized())
+    run_stage(tracker, "bf16", Quantized, {"k": 1}, Work(1.0, scheme="a"))
+    second = run_stage(tracker, "bf16", Quantized, {"k": 2}, Work(2.0, scheme="b"))
     assert second.run_id != other.run_id
-    client = MlflowClient(tracking_uri())
     old = client.get_run(other.run_id)
     assert old.data.tags["qeval.superseded_by"] == second.run_id
     assert old.info.lifecycle_stage == "deleted"  # out of the runs table, restorable
@@ -110,28 +135,56 @@ def test_changed_params_start_a_new_run_that_carries_the_other_stages(workdir):
     assert data.tags["qeval.stage.size"] == "done"
 
 
+@pytest.mark.integration
 def test_a_fresh_store_is_refilled_from_the_manifests(workdir, monkeypatch):
-    run_stage(MlflowTracker("m"), "bf16", Quantized, {"k": 1}, CODE, Work(3.0))
+    MlflowTracker, _ = _mlflow()
+    run_stage(MlflowTracker("m"), "bf16", Quantized, {"k": 1}, Work(3.0))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir / 'other.db'}")
+    MlflowTracker, client = _mlflow()
     work = Work(3.0)
-    record = run_stage(MlflowTracker("m"), "bf16", Quantized, {"k": 1}, CODE, work)
+    record = run_stage(MlflowTracker("m"), "bf16", Quantized, {"k": 1}, work)
     assert record.status == "skipped" and work.calls == 0
-    assert MlflowClient(tracking_uri()).get_run(record.run_id).data.metrics["size/checkpoint_gb"] == 3.0
+    assert client.get_run(record.run_id).data.metrics["size/checkpoint_gb"] == 3.0
 
 
 def test_a_manifest_of_other_code_is_not_a_finished_stage(workdir):
-    run_stage(MemoryTracker("m"), "bf16", Quantized, {"k": 1}, CODE, Work(1.0))
+    run_stage(MemoryTracker("m"), "bf16", Quantized, {"k": 1}, Work(1.0))
     path = stage_dir("m", "bf16", "quantize") / "manifest.json"
     path.write_text(path.read_text().replace('"checkpoint_bytes"', '"bytes"'))
     assert finished("m", "bf16", Quantized) is None
-    assert run_stage(MemoryTracker("m"), "bf16", Quantized, {"k": 1}, CODE, Work(1.0)).status == "done"
+    assert run_stage(MemoryTracker("m"), "bf16", Quantized, {"k": 1}, Work(1.0)).status == "done"
 
 
 def test_a_killed_runs_partial_folder_goes_even_when_the_stage_is_skipped(workdir):
     tracker, work = MemoryTracker("m"), Work()
-    run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, work)
+    run_stage(tracker, "bf16", Quantized, {"k": 1}, work)
     killed = stage_dir("m", "bf16", "quantize").with_name("quantize.partial-99999")  # a `--force` run, killed
     killed.mkdir()
     (killed / "weights.bin").write_bytes(b"x" * 1000)
-    assert run_stage(tracker, "bf16", Quantized, {"k": 1}, CODE, work).status == "skipped"
+    assert run_stage(tracker, "bf16", Quantized, {"k": 1}, work).status == "skipped"
     assert not killed.exists()
+
+
+def test_a_stage_reruns_when_code_it_only_reaches_through_an_import_changes(workdir, tmp_path, monkeypatch):
+    """The cache key holds the stage module's code and every first-party module it imports, transitively:
+    TPOT is defined in eval/speed.py, which the serve stage reaches only through eval/serving.py."""
+    tree = tmp_path / "tree"
+    for package in ("pipelines", "eval", "quant", "refmodel"):
+        shutil.copytree(REPO / package, tree / package, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl"))
+    monkeypatch.setattr(runner, "code_digest", lambda module: code_digest(module, tree))
+    tracker = MemoryTracker("m")
+
+    def stage(kind, work) -> str:
+        return run_stage(tracker, "bf16", kind, {"k": 1}, work).status
+
+    served, quantized = Work(), Work()
+    served_work = lambda out: served(out) and _served()  # noqa: E731 - a Served result from the counting body
+    assert (stage(Served, served_work), stage(Quantized, quantized)) == ("done", "done")
+    assert (stage(Served, served_work), stage(Quantized, quantized)) == ("skipped", "skipped")
+    engines = tree / "pipelines" / "stages" / "engines.py"  # imported by the serve stage alone
+    engines.write_text(engines.read_text() + "\n# a change the quantize stage does not run\n")
+    assert (stage(Served, served_work), stage(Quantized, quantized)) == ("done", "skipped")
+    speed = tree / "eval" / "speed.py"
+    speed.write_text(speed.read_text().replace("return (e2e_s - ttft_s) / (output_tokens - 1)",
+                                               "return (e2e_s - ttft_s) / output_tokens"))  # fmt: skip
+    assert stage(Served, served_work) == "done" and served.calls == 3  # measured again under the new definition

@@ -6,7 +6,8 @@ import hashlib
 import json
 import random
 
-from conftest import REPO
+from helpers import REPO
+
 from eval.tasks.refkjv import make_tasks
 from refmodel import corpus
 

@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import REPO, last_json_line, same_logits
 
-from conftest import REPO, SMALL, last_json_line, same_logits
+from conftest import small_card_text
 
 PG_BIN = next((p.parent for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
 VENV_BIN = Path(sys.executable).parent
@@ -136,10 +137,7 @@ def team(tmp_path_factory) -> Iterator[dict]:
 
 def _card(folder: Path) -> Path:
     """ref-small (tests/conftest.py) with three builds, and a lenient policy so that one ships and can be pulled."""
-    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: ref-small")
-    for a, b in SMALL.items():
-        text = text.replace(a, b)
-    text = text.replace("precisions: [bf16, fp8, int8, awq, gptq]", "precisions: [bf16, int8, fp8]")
+    text = small_card_text().replace("precisions: [bf16, fp8, int8, awq, gptq]", "precisions: [bf16, int8, fp8]")
     text = text[: text.index("gate:")] + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n  min_speedup: null\n"
     cards = folder / "cards"
     cards.mkdir(parents=True)

@@ -6,15 +6,16 @@ import multiprocessing as mp
 import re
 
 import pytest
-from mlflow.tracking import MlflowClient
+from helpers import REPO
 
-from conftest import REPO
 from eval.accuracy import AccuracyConfig, AccuracyResult, Metric
 from eval.engine import EngineConfig
 from eval.loadgen import LoadSettings
-from pipelines.engines import VllmSettings
-from pipelines.errors import QevalError
-from pipelines.mlflow_names import (
+from pipelines.core.errors import QevalError
+from pipelines.core.results import Evaluated, Quantized, VllmSettings
+from pipelines.tracking.mapping import logged
+from pipelines.tracking.store import redact, tracking_uri
+from pipelines.tracking.tables import (
     ENGINE_SETTINGS,
     EVAL_SETTINGS,
     LOAD_SETTINGS,
@@ -23,12 +24,9 @@ from pipelines.mlflow_names import (
     QUANTIZE_SETTINGS,
     VERIFY_SETTINGS,
     VLLM_SETTINGS,
-    logged,
 )
-from pipelines.results import Evaluated, Quantized
-from pipelines.store_uri import redact, tracking_uri
-from pipelines.tracking import MlflowTracker
 from quant.build import QuantizeConfig
+from quant.recipes import IGNORE
 from quant.verify import VerifyConfig
 
 
@@ -40,8 +38,8 @@ def _evaluated(recovery=None) -> Evaluated:
     }
     accuracy = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
                               lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
-    return Evaluated(config=AccuracyConfig(checkpoint="c", tasks=["ppl"], softmax_dtype="float64"), accuracy=accuracy,
-                     task_data_sha256=None, recovery=recovery)  # fmt: skip
+    config = AccuracyConfig(checkpoint="c", tasks=["ppl"], num_fewshot=0, batch_size=8, seed=1, softmax_dtype="float64")
+    return Evaluated(config=config, accuracy=accuracy, task_data_sha256=None, recovery=recovery)
 
 
 def test_evaluate_names_follow_the_contract():
@@ -74,15 +72,15 @@ def test_every_setting_of_a_stage_is_a_param_or_said_not_to_be_one():
 
 
 def test_the_scheme_says_the_cards_group_size():
-    from pipelines.cards import load_card
+    from pipelines.core.cards import load_card
     from quant.precisions import get_precision
 
-    cfg = QuantizeConfig(base="b", precision="gptq", group_size=64)
+    cfg = QuantizeConfig(base="b", precision="gptq", group_size=64, ignore=list(IGNORE))
     scheme = get_precision("gptq").describe(cfg.group_size)
     params = logged(Quantized(checkpoint="x", checkpoint_bytes=1, scheme=scheme, config=cfg)).params
     assert params["quant.scheme"] == "GPTQ 4-bit symmetric weights, group 64, 16-bit activations"
     assert params["quant.group_size"] == "64"
-    fp8 = QuantizeConfig(base="b", precision="fp8")
+    fp8 = QuantizeConfig(base="b", precision="fp8", group_size=128, ignore=list(IGNORE))
     assert logged(Quantized(checkpoint="x", checkpoint_bytes=1, scheme="s", config=fp8)).params["quant.group_size"] == (
         "per-channel"
     )
@@ -107,8 +105,8 @@ def test_the_readme_lists_every_name_and_no_other():
     shown = _readme_names()
     prefixes = r"(eval|recovery|quant|size|engine|mem|server|gate|qeval)[/.]"
     name_like = {n for n in shown if re.match(prefixes, n) and not re.search(r"\.(json|csv|png|md|log|yaml)$", n)}
-    assert ours - shown == set(), "in pipelines/mlflow_names.py, not in README's MLflow layout"
-    assert name_like - ours == set(), "in README's MLflow layout, not in pipelines/mlflow_names.py"
+    assert ours - shown == set(), "in pipelines/tracking/tables.py (NAMES), not in README's MLflow layout"
+    assert name_like - ours == set(), "in README's MLflow layout, not in pipelines/tracking/tables.py (NAMES)"
     assert {"qeval.stage.<stage>", "qeval.gate.verdict"} <= shown
 
 
@@ -123,7 +121,12 @@ def test_redact_hides_credentials():
     assert redact("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
 
 
+@pytest.mark.integration
 def test_experiment_and_run_follow_the_contract(workdir):
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
+
     tracker = MlflowTracker("tiny")
     run_id = tracker.build_run("fp8")
     assert tracker.build_run("fp8") == run_id  # the same build reuses its run
@@ -140,18 +143,24 @@ def _open_store(args):
     workdir, i = args
     import os
 
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
+
     os.environ["QEVAL_WORKDIR"] = workdir
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     return MlflowTracker(f"m{i % 2}").build_run(f"p{i}")
 
 
+@pytest.mark.integration
 def test_many_processes_can_create_the_store_at_once(workdir):
     with mp.get_context("spawn").Pool(6) as pool:
         run_ids = pool.map(_open_store, [(str(workdir), i) for i in range(6)])
     assert len(set(run_ids)) == 6
 
 
+@pytest.mark.integration
 def test_unwritable_store_is_one_clear_error(workdir, monkeypatch):
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
+
     blocker = workdir / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")

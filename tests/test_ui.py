@@ -10,9 +10,9 @@ import urllib.request
 
 import psutil
 import pytest
+from helpers import REPO, env_with, free_port
 
-from conftest import REPO, env_with, free_port
-from pipelines.tracking import MlflowTracker
+from pipelines.tracking.mlflow_tracker import MlflowTracker
 
 pytestmark = pytest.mark.slow
 

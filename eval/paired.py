@@ -1,0 +1,100 @@
+"""Two scorings of the same documents compared document by document: a build against its baseline (the
+gate), or a build scored through its server against its offline scores (the serve stage).
+
+Each side is an evaluation's folder of per-document records with the scores read from it
+(eval/accuracy.py); the statistics are eval/stats.py's. Which metric judges a task and what threshold it
+is held to are the caller's to say: a model card's gate policy gives both (pipelines/core/cards.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eval.accuracy import AccuracyResult, Metric, document_metrics, documents
+from eval.stats import Comparison, Rule, compare, is_likelihood
+
+PREFERRED_METRICS = ("bits_per_byte", "acc_norm", "acc", "exact_match")
+"""The metric a task is summed up by, and judged by unless the card names one: the first it reports."""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """An evaluation: the folder of its per-document records (`samples_<task>.jsonl`) and its scores."""
+
+    folder: Path
+    result: AccuracyResult
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """What a task is held to: a minimum recovery, or for a perplexity-type metric, where one is set, a
+    maximum relative increase of perplexity."""
+
+    min_recovery: float
+    max_ppl_increase: float | None = None
+
+    def rule(self, likelihood: bool) -> tuple[Rule, float]:
+        """(rule, threshold) for a metric whose per-document values are log-likelihoods or not."""
+        if likelihood and self.max_ppl_increase is not None:
+            return "ppl_increase", self.max_ppl_increase
+        return "recovery", self.min_recovery
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """How the paired intervals are drawn."""
+
+    confidence: float
+    resamples: int
+    seed: int
+
+
+def gating_metric(task: str, available: list[Metric], chosen: str | None = None) -> Metric:
+    """The metric that judges `task`: `chosen` ("name" or "name,filter"), else the first of
+    PREFERRED_METRICS reported. Its filter is `none` where lm-eval reports one, else the first it reports
+    (gsm8k: strict-match). ValueError where the task has no per-document metric or not the one chosen."""
+    if not available:
+        raise ValueError(f"task '{task}' has no per-document metric to compare")
+    by_name: dict[str, list[Metric]] = {}
+    for m in available:
+        by_name.setdefault(m.name, []).append(m)
+    name, _, filt = (chosen or "").replace("/", ",").partition(",")
+    if chosen and name not in by_name:
+        raise ValueError(f"task '{task}' has no per-document '{name}'; it has: {sorted(by_name)}")
+    name = name or next((n for n in PREFERRED_METRICS if n in by_name), next(iter(by_name)))
+    candidates = by_name[name]
+    return next((m for m in candidates if m.filter == (filt or "none")), candidates[0])
+
+
+def paired(
+    task: str,
+    base: Scored,
+    build: Scored,
+    *,
+    threshold: Threshold,
+    bootstrap: Bootstrap,
+    metric: str | None = None,
+    subset: bool = False,
+) -> Comparison:
+    """One task's judging metric, `build` against `base` on the same documents.
+
+    `metric`: the one chosen for the task (None: the preferred). `subset`: `build` scored the first
+    documents of `base`'s set and is compared on those. Raises FileNotFoundError where a per-document record
+    is missing, KeyError where the two were not scored on the same documents, ValueError where the task has
+    no such metric.
+    """
+    m = gating_metric(task, document_metrics(base.folder, base.result, task), metric)
+    base_docs = documents(base.folder, base.result, task, m)
+    build_docs = documents(build.folder, build.result, task, m)
+    if subset and build_docs.keys() <= base_docs.keys():
+        base_docs = {d: base_docs[d] for d in build_docs}
+    if base_docs.keys() != build_docs.keys() or not base_docs:
+        raise KeyError(task)
+    docs = sorted(base_docs, key=str)
+    base_v, build_v = [base_docs[d] for d in docs], [build_docs[d] for d in docs]
+    rule, bound = threshold.rule(is_likelihood(base_v))
+    return compare(
+        m.name, base_v, build_v, higher_is_better=m.higher_is_better, rule=rule, threshold=bound,
+        confidence=bootstrap.confidence, iters=bootstrap.resamples, seed=bootstrap.seed,
+    )  # fmt: skip

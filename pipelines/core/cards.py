@@ -1,0 +1,348 @@
+"""Model cards: one strictly validated YAML file per model under pipelines/models/.
+
+A card says where the weights come from, which precisions to build, the calibration data, the
+accuracy tasks, the speed grid, the target GPUs and the gate policy. Unknown keys are errors; every
+error is one line naming the file, the key and what is expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from eval.gpus import get_gpu
+from eval.paired import Bootstrap, Threshold
+from pipelines.core.errors import QevalError
+from pipelines.core.paths import cards_dir
+from quant import recipes
+from quant.precisions import PRECISIONS, get_precision
+from quant.registry import suggest
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Where the base model's weights come from: a local folder or a hub id at a revision."""
+
+    path: str | None = Field(None, description="local checkpoint folder, absolute or relative to the repo")
+    hub_id: str | None = Field(None, description="hub repository id, e.g. meta-llama/Llama-3.1-8B-Instruct")
+    revision: str = Field("main", description="hub revision (a commit hash pins it)")
+    trust_remote_code: bool = Field(False, description="run code shipped with the model; only if its card asks")
+    config: str | None = Field(
+        None, description="a config.json in the repo giving the architecture, for work without the weights"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Source:
+        if (self.path is None) == (self.hub_id is None):
+            raise ValueError("give exactly one of 'path' or 'hub_id'")
+        return self
+
+    @property
+    def location(self) -> str:
+        """The local path, or `hub_id@revision`."""
+        return self.path or f"{self.hub_id}@{self.revision}"
+
+
+class Calibration(_Strict):
+    """Calibration text for the precisions that need it (int8, awq, gptq)."""
+
+    dataset: str = Field(description="a local JSONL file (relative to the repo) or a hub data set id")
+    split: str = Field("train", description="split of a hub data set")
+    text_field: str = Field("text", description="field holding the text")
+    num_samples: PositiveInt = Field(64, description="samples used for calibration")
+    max_seq_length: PositiveInt = Field(512, description="tokens per calibration sample, at most")
+
+
+class Quantization(_Strict):
+    """Overrides of the precisions' defaults."""
+
+    group_size: PositiveInt = Field(recipes.GROUP_SIZE, description="input channels per weight scale for 4-bit builds")
+    ignore: list[str] = Field(list(recipes.IGNORE), description="modules left unquantized")
+
+
+class Accuracy(_Strict):
+    """lm-eval settings, identical for every build of the model."""
+
+    tasks: list[str] = Field(min_length=1, description="lm-eval task names")
+    include_path: str | None = Field(None, description="folder of local task YAMLs, relative to the repo")
+    num_fewshot: int = Field(0, ge=0, description="few-shot examples per prompt")
+    limit: PositiveInt | None = Field(None, description="documents per task (None: all)")
+    batch_size: PositiveInt = Field(8, description="lm-eval batch size")
+    seed: int = Field(1234, description="seed for sampling few-shot examples")
+
+
+class Slo(_Strict):
+    """Latency objective per request, checked at the 95th percentile."""
+
+    ttft_ms: float = Field(gt=0, description="time to first token, ms")
+    tpot_ms: float = Field(gt=0, description="time per output token after the first, ms")
+
+
+class Speed(_Strict):
+    """The engine and server benchmark grid."""
+
+    batch_sizes: list[PositiveInt] = Field([1], min_length=1)
+    input_lengths: list[PositiveInt] = Field([128], min_length=1)
+    output_lengths: list[PositiveInt] = Field([64], min_length=1)
+    concurrency: list[PositiveInt] = Field([1], min_length=1, description="server concurrency levels")
+    warmup: int = Field(2, ge=0, description="untimed runs before measuring")
+    repeats: PositiveInt = Field(5, description="timed runs per grid point")
+    compile: bool | None = Field(
+        None, description="engine bench: static KV cache and compiled decode; null: on CUDA only, false: eager"
+    )
+    slo: Slo
+
+    @property
+    def input_len(self) -> int:
+        """Prompt tokens of the grid's main point (its first input length), where single figures are taken."""
+        return self.input_lengths[0]
+
+    @property
+    def output_len(self) -> int:
+        """Output tokens of the grid's main point (its first output length)."""
+        return self.output_lengths[0]
+
+    @property
+    def largest_batch(self) -> int:
+        return max(self.batch_sizes)
+
+
+class Server(_Strict):
+    """The server benchmark: an OpenAI-compatible server per build, swept over speed.concurrency.
+
+    vLLM's settings shape its command line (pipelines/stages/engines.py); `tensor_parallel` also splits lm-eval's
+    in-process vLLM backend where the evaluate stage runs on it (a GPU with vLLM importable).
+    """
+
+    engine: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="auto: vLLM wherever it is installed (.venv-vllm, on a CPU too), else transformers serve"
+    )
+    api: Literal["completions", "chat"] = Field("completions", description="endpoint the load generator drives")
+    requests_per_user: PositiveInt = Field(4, description="measured requests per level = concurrency x this")
+    warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency before the sweep")
+    timeout_s: float = Field(120, gt=0, description="per request; a request that takes longer fails")
+    start_timeout_s: float = Field(300, gt=0, description="time the server may take to answer /health")
+    tensor_parallel: PositiveInt | None = Field(
+        None, description="vLLM: GPUs a build is split over; null: 1, or what the size stage says it needs"
+    )
+    pipeline_parallel: PositiveInt = Field(1, description="vLLM: pipeline stages (nodes or GPU groups)")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field("auto", description="vLLM: KV-cache dtype (fp8 on a GPU)")
+    max_model_len: PositiveInt | None = Field(None, description="vLLM: context per sequence; null: the model's")
+    enforce_eager: bool | None = Field(
+        None, description="vLLM: no CUDA graphs or compilation; null: on a CPU only (start-up 90 s -> 40 s there)"
+    )
+    cpu_kv_cache_gb: float = Field(1.0, gt=0, description="vLLM on a CPU: KV-cache space, GiB")
+    served_accuracy: bool = Field(
+        False, description="also run the accuracy tasks against each build's server, beside the offline scores"
+    )
+    served_tasks: list[str] | None = Field(None, description="tasks run against the server; null: all")
+    served_limit: PositiveInt | None = Field(
+        None, description="documents per task run against the server (the offline set's first N); null: all"
+    )
+
+
+class Gate(_Strict):
+    """The policy that decides which quantized build ships (pipelines/decision/ applies it).
+
+    A build passes when every task passes its quality rule at `confidence`, and the speed and memory
+    rules pass. Among passing builds the fastest at `speed_batch` ships (`prefer: speed`; speeds within
+    `tie_tolerance` count as equal and go to the smaller weights), or the smallest (`prefer: memory`;
+    ties to the faster).
+    """
+
+    baseline: str = Field("bf16", description="precision every build is compared with")
+    min_recovery: float = Field(0.99, gt=0, le=1.5, description="quantized / baseline score, at least")
+    task_min_recovery: dict[str, float] = Field({}, description="per-task overrides of min_recovery")
+    max_ppl_increase: float | None = Field(
+        None, gt=0, description="perplexity tasks: relative perplexity increase allowed instead of min_recovery"
+    )
+    task_metric: dict[str, str] = Field(
+        {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
+    )
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
+    bootstrap_resamples: PositiveInt = Field(2000, description="resamples of the documents per paired bootstrap")
+    bootstrap_seed: int = Field(0, description="seed of the paired bootstrap")
+    speed_regime: Literal["engine", "server"] = Field(
+        "engine",
+        description="engine: decode tokens/s per user at speed_batch; server: goodput (requests/s that met "
+        "the SLO) at speed_users concurrent users",
+    )
+    speed_batch: PositiveInt = Field(
+        1, description="engine batch size (from speed.batch_sizes) that speed and memory are judged at"
+    )
+    speed_users: PositiveInt | None = Field(
+        None, description="server regime: concurrency judged (from speed.concurrency; default the highest)"
+    )
+    min_speedup: float | None = Field(
+        1.0, gt=0, description="decode speed-up over the baseline at speed_batch, at least (null: not gated)"
+    )
+    memory_budget_gb: float | None = Field(None, gt=0, description="peak memory at speed_batch allowed, GB")
+    must_fit: list[str] = Field(
+        [], description="GPUs (catalog names) each build must fit on one of, at the largest batch of the grid"
+    )
+    prefer: Literal["speed", "memory"] = Field("speed", description="how to choose among passing builds")
+    tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
+
+    def threshold(self, task: str) -> Threshold:
+        """What `task` is held to: its own min recovery where set, else min_recovery, or for a
+        perplexity-type metric max_ppl_increase where set."""
+        if task in self.task_min_recovery:
+            return Threshold(self.task_min_recovery[task])
+        return Threshold(self.min_recovery, self.max_ppl_increase)
+
+    @property
+    def bootstrap(self) -> Bootstrap:
+        """How every paired interval of the policy is drawn."""
+        return Bootstrap(self.confidence, self.bootstrap_resamples, self.bootstrap_seed)
+
+
+class ModelCard(_Strict):
+    """Everything qeval needs to build, measure and gate one model."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="the card's file name without .yaml")
+    description: str
+    source: Source
+    precisions: list[str] = Field(min_length=1)
+    calibration: Calibration | None = None
+    quantization: Quantization = Quantization()
+    accuracy: Accuracy
+    speed: Speed
+    server: Server = Server()
+    target_gpus: list[str] = Field([], description="GPUs to size the builds for")
+    gate: Gate = Gate()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelCard:
+        for p in self.precisions:
+            get_precision(p)
+        if len(set(self.precisions)) != len(self.precisions):
+            raise ValueError("precisions: a precision is listed twice")
+        if self.gate.baseline not in self.precisions:
+            raise ValueError(f"gate.baseline '{self.gate.baseline}' is not among precisions")
+        needing = [p for p in self.precisions if PRECISIONS[p].needs_calibration]
+        if needing and self.calibration is None:
+            raise ValueError(f"precisions {needing} need a 'calibration' section")
+        served = set(self.server.served_tasks or []) - set(self.accuracy.tasks)
+        if served:
+            raise ValueError(f"server.served_tasks: {sorted(served)} are not among accuracy.tasks")
+        unknown = set(self.gate.task_min_recovery) - set(self.accuracy.tasks)
+        if unknown:
+            raise ValueError(f"gate.task_min_recovery names tasks not in accuracy.tasks: {sorted(unknown)}")
+        unknown = set(self.gate.task_metric) - set(self.accuracy.tasks)
+        if unknown:
+            raise ValueError(f"gate.task_metric names tasks not in accuracy.tasks: {sorted(unknown)}")
+        for gpu in [*self.target_gpus, *self.gate.must_fit]:
+            get_gpu(gpu)
+        if self.gate.speed_users is not None and self.gate.speed_users not in self.speed.concurrency:
+            raise ValueError(
+                f"gate.speed_users {self.gate.speed_users} is not among speed.concurrency {self.speed.concurrency}"
+            )
+        if self.gate.speed_batch not in self.speed.batch_sizes:
+            raise ValueError(
+                f"gate.speed_batch {self.gate.speed_batch} is not among speed.batch_sizes {self.speed.batch_sizes}"
+            )
+        return self
+
+    @property
+    def judged_users(self) -> int:
+        """The concurrency the server regime judges: gate.speed_users, else the highest level."""
+        return self.gate.speed_users or max(self.speed.concurrency)
+
+    @property
+    def sizing_gpus(self) -> list[str]:
+        """The GPUs the size stage projects: the target GPUs, and those the gate requires a fit on."""
+        return list(dict.fromkeys([*self.target_gpus, *self.gate.must_fit]))
+
+    def require_precision(self, precision: str) -> None:
+        """QevalError unless `precision` is known and built for this model."""
+        try:
+            get_precision(precision)
+        except ValueError as e:
+            raise QevalError(str(e)) from None
+        if precision not in self.precisions:
+            raise QevalError(
+                f"model '{self.name}' does not build '{precision}'; its card lists: {', '.join(self.precisions)}"
+            )
+
+
+def _describe(err: dict, model: type[BaseModel]) -> str:
+    """One pydantic error as 'key ...: what is expected'."""
+    loc = [str(x) for x in err["loc"]]
+    key = ".".join(loc) or "(card)"
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(model, loc[:-1])
+        return f"unknown key '{key}'{suggest(loc[-1], allowed)}; allowed here: {', '.join(allowed)}"
+    if err["type"] == "missing":
+        return f"missing key '{key}'"
+    msg = err["msg"].removeprefix("Value error, ")
+    if not loc:
+        return msg
+    return f"key '{key}': {msg} (got {_shown(err.get('input'))})"
+
+
+def _shown(value: object) -> str:
+    """A wrong value as an error shows it: numbers and switches as they are, text by its length only (a
+    token typed into the wrong key must not reach a terminal or a CI log)."""
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    return f"a {type(value).__name__}"
+
+
+def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
+    for part in loc:
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None)
+        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return []
+        model = inner[0]
+    return list(model.model_fields)
+
+
+def parse_card(path: Path) -> ModelCard:
+    """Read and validate one card file; QevalError with one line on any problem."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise QevalError(f"{path}: cannot read model card: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise QevalError(f"{path}{where}: not valid YAML: {what}") from None
+    if not isinstance(data, dict):
+        raise QevalError(f"{path}: a model card is a YAML mapping of keys to values")
+    try:
+        card = ModelCard.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors()
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise QevalError(f"{path}: {_describe(errors[0], ModelCard)}{more}") from None
+    if card.name != path.stem:
+        raise QevalError(f"{path}: key 'name' is '{card.name}' but the file is named '{path.stem}.yaml'")
+    return card
+
+
+def card_names() -> list[str]:
+    return sorted(p.stem for p in cards_dir().glob("*.yaml"))
+
+
+def load_card(name: str) -> ModelCard:
+    """The card named `name`; an unknown name lists the known ones."""
+    path = cards_dir() / f"{name}.yaml"
+    if not path.is_file():
+        known = card_names()
+        raise QevalError(
+            f"unknown model '{name}'{suggest(name, known)}; known: {', '.join(known) or 'none'} (add a card as {path})"
+        )
+    return parse_card(path)

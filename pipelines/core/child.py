@@ -1,0 +1,110 @@
+"""Run one library function in a fresh Python process, so that each build's work is isolated.
+
+    python -m pipelines.core.child eval.accuracy:evaluate_accuracy CONFIG.json OUT_DIR
+
+The function takes (config, out_dir) and returns a pydantic model. The child writes result.json, or
+error.json with one line, into OUT_DIR; its output (third-party progress bars and warnings among it)
+goes to the stage's log file, and to the parent's stderr only with `qeval --verbose`; its latest line
+is the step that qeval's progress lines report (pipelines/core/progress.py).
+A fresh process per build keeps one build's weights, kernels and memory peak out of another's figures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar, get_type_hints
+
+from pydantic import BaseModel
+
+from pipelines.core import progress
+from pipelines.core.errors import QevalError
+from pipelines.core.paths import REPO_ROOT
+
+R = TypeVar("R", bound=BaseModel)
+
+
+class ChildFailed(QevalError):
+    """The child reported an error (its one-line message) or died."""
+
+
+def run_child(
+    fn: Callable[[BaseModel, Path], R],
+    config: BaseModel,
+    out_dir: Path,
+    log_file: Path,
+    env: dict[str, str] | None = None,
+) -> R:
+    """Run library function `fn` (config, out_dir) -> result on `config` in a child process; its result.
+
+    The function is passed, not its name, so that the stage that calls it imports its module: the stage's
+    cache key covers its code (pipelines/core/code.py)."""
+    target = f"{fn.__module__}:{fn.__name__}"
+    result_type = get_type_hints(fn)["return"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = out_dir / f"{fn.__name__}_config.json"
+    cfg_path.write_text(config.model_dump_json(indent=2))
+    for stale in ("result.json", "error.json"):
+        (out_dir / stale).unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pipelines.core.child", target, str(cfg_path), str(out_dir)]
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    echo = logging.getLogger().isEnabledFor(logging.DEBUG)
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        try:
+            for chunk in iter(lambda: proc.stdout.read1(4096), b""):
+                log.write(chunk)
+                log.flush()
+                text = chunk.decode(errors="replace")
+                if latest := progress.last_line(text):
+                    progress.step(latest)
+                if echo:
+                    sys.stderr.write(text)
+                    sys.stderr.flush()
+            code = proc.wait()
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): the child goes too
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    if (trace := out_dir / "traceback.txt").is_file():
+        with open(log_file, "ab") as log:
+            log.write(trace.read_bytes())
+        trace.unlink()
+    if (out_dir / "error.json").is_file():
+        raise ChildFailed(json.loads((out_dir / "error.json").read_text())["error"])
+    if code != 0 or not (out_dir / "result.json").is_file():
+        raise ChildFailed(f"{target} exited with status {code} (killed or out of memory?); log: {log_file}")
+    result = result_type.model_validate_json((out_dir / "result.json").read_text())
+    (out_dir / "result.json").unlink()
+    return result
+
+
+def _main(argv: list[str]) -> int:
+    target, cfg_path, out_dir = argv[0], Path(argv[1]), Path(argv[2])
+    module, _, name = target.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    hints = get_type_hints(fn)
+    config_type = next(iter(hints.values()))
+    try:
+        result = fn(config_type.model_validate_json(cfg_path.read_text()), out_dir)
+    except Exception as e:  # reported to the parent as one line; the traceback goes to the log only
+        (out_dir / "traceback.txt").write_text(traceback.format_exc())
+        (out_dir / "error.json").write_text(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+        return 2
+    (out_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

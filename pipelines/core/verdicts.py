@@ -1,0 +1,104 @@
+"""The gate's decision as data: a rule's verdict, what the gate measured of a build, each build's verdict,
+and the decision (artifacts/<model>/gate.json).
+
+pipelines/decision/ makes them; pipelines/tracking/ and pipelines/present/ read them. The verdicts
+themselves are eval/stats.py's `Verdict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from eval.stats import Comparison, Verdict
+from pipelines.core.cards import Gate
+from pipelines.core.errors import QevalError
+from pipelines.core.files import atomic_write
+from pipelines.core.layout import gate_file
+from pipelines.core.results import CodeVersion, Record
+from quant.execution import Execution
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the policy applied to one build."""
+
+    name: str  # a task name, speed, memory or fit
+    verdict: Verdict  # PASS, FAIL, INCONCLUSIVE or NOT GATED
+    reason: str
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the gate judges of one build's speed and memory."""
+
+    decode_tps: float  # engine: decode tokens/s per user at the policy's batch
+    peak_gb: float  # engine: peak memory at the policy's batch
+    weights_gb: float
+    execution: Execution  # how the regime's figures ran: the engine bench's, or the server's
+    regime: Literal["engine", "server"] = "engine"
+    engine: str = ""  # engine: how generate() ran (cache, compiled or eager); server: the serving engine
+    goodput: float | None = None  # server: requests/s that met the SLO at the judged users
+    users_at_slo: int | None = None  # server: the most concurrent users that met the SLO
+
+    @property
+    def speed(self) -> float:
+        """The figure the speed rule and the choice use, by the policy's regime."""
+        return (self.goodput or 0.0) if self.regime == "server" else self.decode_tps
+
+
+class BuildVerdict(Record):
+    precision: str
+    verdict: Verdict
+    rules: list[Rule]
+    tasks: dict[str, Comparison]
+    speed: Measured
+    speedup: float | None
+    vs_ship: dict[str, Comparison] = Field({}, description="per task, against the shipped build (gate --against ship)")
+
+    @property
+    def reasons(self) -> list[str]:
+        return [r.reason for r in self.rules]
+
+    def worst_task(self) -> tuple[str, Comparison]:
+        """The task with the lowest recovery."""
+        task = min(self.tasks, key=lambda t: self.tasks[t].recovery[0])
+        return task, self.tasks[task]
+
+
+class Decision(Record):
+    """Which build ships, why, and every build's verdict: gate.json."""
+
+    model: str
+    decided: str = Field(description="when, ISO 8601 (UTC)")
+    policy: Gate
+    speed_axis: str = Field(description="what the speed figures are, under the policy's regime")
+    baseline: Measured
+    builds: list[BuildVerdict]
+    chosen: str | None
+    why: str
+    registered: dict[str, str] = Field({}, description="the Model Registry version behind alias `ship`")
+    against: dict[str, str] = Field({}, description="gate --against ship: the version every build was compared with")
+    code: CodeVersion
+
+
+def write_decision(decision: Decision) -> Path:
+    path = gate_file(decision.model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, decision.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def read_decision(model: str) -> Decision:
+    """The decision the gate last made for `model`; a QevalError naming the fix when there is none."""
+    path = gate_file(model)
+    try:
+        return Decision.model_validate_json(path.read_text())
+    except OSError:
+        raise QevalError(f"{model}: no gate decision at {path}; run: qeval gate --model {model}") from None
+    except ValidationError as e:
+        raise QevalError(f"{path} is not a gate decision of this qeval ({e.error_count()} errors); "
+                         f"run: qeval gate --model {model}") from None  # fmt: skip

@@ -1,0 +1,145 @@
+"""A build's weights: the base model's (a local folder, or the hub's cache, safetensors only), or a
+quantized build's checkpoint; what identifies them in cache keys; and the files a card names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.files import file_digest
+from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
+from pipelines.core.net import Unreachable, probe
+from pipelines.core.paths import resolve_repo_path
+from pipelines.core.results import Quantized, finished
+
+HUB_TIMEOUT_S = 10.0  # the hub must answer a revision lookup within this
+
+
+def resolve_weights(card: ModelCard) -> str:
+    """A local folder holding the base model's safetensors weights, or a clear error when it cannot be had.
+
+    From the hub: the local cache first (no network), else one quick look at the hub endpoint before
+    downloading, since huggingface_hub's revision lookup has no timeout and waited minutes on an
+    endpoint that accepted the connection and never answered."""
+    src = card.source
+    if src.path is not None:
+        folder = resolve_repo_path(src.path)
+        if not (folder / "config.json").is_file():
+            raise QevalError(f"model '{card.name}': no checkpoint at {folder} (source.path in its card)")
+        return require_safetensors(card, folder)
+    from huggingface_hub import snapshot_download
+
+    try:
+        cached = snapshot_download(
+            src.hub_id, revision=src.revision, allow_patterns=_WEIGHT_FILES, local_files_only=True
+        )
+        return require_safetensors(card, Path(cached))
+    except QevalError:
+        raise
+    except Exception:  # not in the cache: fetch it, where the hub is allowed and answers
+        pass
+    unavailable = f"model '{card.name}': weights for {src.location} are not in the local cache"
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise QevalError(f"{unavailable} and the hub is off (HF_HUB_OFFLINE=1); download them where it is "
+                         f"reachable or set source.path to a local copy")  # fmt: skip
+    _check_hub(card, unavailable)
+    try:
+        folder = snapshot_download(src.hub_id, revision=src.revision, allow_patterns=_WEIGHT_FILES)
+    except Exception as e:  # httpx, requests and the hub's own errors alike: one line, the fix
+        raise QevalError(f"{unavailable} and the download failed ({type(e).__name__}); download them where the "
+                         f"hub is reachable or set source.path to a local copy") from None  # fmt: skip
+    return require_safetensors(card, Path(folder))
+
+
+def _check_hub(card: ModelCard, unavailable: str) -> None:
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/api/models/{card.source.hub_id}/revision/{card.source.revision}"
+    try:
+        probe(url, HUB_TIMEOUT_S, ok_only=False)  # any answer: the hub is there (a 404 is the download's to say)
+    except Unreachable as e:
+        raise QevalError(
+            f"{unavailable} and the hub at {endpoint} did not answer within {HUB_TIMEOUT_S:g} s ({e.why}); check "
+            f"the network or HF_ENDPOINT, or set source.path to a local copy"
+        ) from None
+
+
+def require_safetensors(card: ModelCard, folder: Path) -> str:
+    """The folder, if its weights are safetensors; a pickle (`*.bin`, `*.pt`) can run code when loaded."""
+    if any(folder.glob("*.safetensors")):
+        return str(folder)
+    pickles = sorted(p.name for p in (*folder.glob("*.bin"), *folder.glob("*.pt"), *folder.glob("*.pth")))
+    found = f" (it has {', '.join(pickles[:3])})" if pickles else ""
+    raise QevalError(
+        f"model '{card.name}': {folder} has no *.safetensors weights{found}; qeval loads safetensors only, "
+        f"as a pickle can run code when loaded: convert them (from_pretrained, then save_pretrained with "
+        f"safe_serialization=True) where you trust the file, and point the card at the result"
+    )
+
+
+def missing_files(card: ModelCard) -> list[str]:
+    """The local files a card names that are not there (weights, architecture, calibration text, task
+    folder), each as one line: `qeval models` says so before a stage fails on it minutes later."""
+    problems = []
+    if card.source.path is not None:
+        try:
+            resolve_weights(card)
+        except QevalError as e:
+            problems.append(str(e))
+    named = [("source.config", card.source.config), ("accuracy.include_path", card.accuracy.include_path)]
+    if card.calibration is not None and card.calibration.dataset.endswith(".jsonl"):
+        named.append(("calibration.dataset", card.calibration.dataset))
+    for key, value in named:
+        if value is not None and not resolve_repo_path(value).exists():
+            problems.append(f"model '{card.name}': {key} {resolve_repo_path(value)} does not exist")
+    return problems
+
+
+def weights_identity(card: ModelCard, folder: str) -> str:
+    """What identifies the base weights in cache keys: file digests locally, hub id and revision otherwise."""
+    if card.source.path is None:
+        return card.source.location
+    return file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
+
+
+def architecture_config(card: ModelCard, purpose: str) -> Path:
+    """The config.json that gives the model's architecture: `source.config`, else the local checkpoint's."""
+    if card.source.config:
+        path = resolve_repo_path(card.source.config)
+    elif card.source.path:
+        path = resolve_repo_path(card.source.path) / "config.json"
+    else:
+        raise QevalError(f"model '{card.name}': {purpose} needs source.config (a config.json) in its card")
+    if not path.is_file():
+        raise QevalError(f"model '{card.name}': no architecture config at {path}")
+    return path
+
+
+def offline_env(card: ModelCard) -> dict[str, str]:
+    """Environment for the children: a card with local weights runs without the hub (nothing is fetched,
+    nothing waits on a network), unless QEVAL_ALLOW_HUB=1 (for a local model with hub tasks)."""
+    if card.source.path is None or os.environ.get("QEVAL_ALLOW_HUB") == "1":
+        return {}
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+# safetensors only: a *.bin pickle can run code when loaded.
+_WEIGHT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+
+
+def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
+    """The folder holding a build's weights, and a digest that identifies them."""
+    card.require_precision(precision)
+    if precision == card.gate.baseline:
+        folder = resolve_weights(card)
+        return folder, weights_identity(card, folder)
+    built = finished(card.name, precision, Quantized)
+    folder = stage_dir(card.name, precision, Quantized.STAGE) / CHECKPOINT_DIR
+    if built is None or not folder.is_dir():
+        raise QevalError(
+            f"{card.name}@{precision} has no quantized checkpoint at {folder}; "
+            f"build it first: qeval quantize --model {card.name} --precision {precision}"
+        )
+    return str(folder), built.inputs_digest

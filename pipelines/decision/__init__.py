@@ -1,0 +1,6 @@
+"""The gate: what it reads of the stages (inputs.py), its policy as pure rules (policy.py), and the decision
+recorded in gate.json, MLflow and the Model Registry (gate.py).
+
+It imports pipelines/core/ (results, verdict types), pipelines/tracking/ (the read-back of stages from the
+store) and eval/; never a stage module.
+"""

@@ -1,0 +1,152 @@
+"""The gate: which quantized build ships, under the policy in the model card (`gate:`).
+
+Per build and task, a paired comparison with the baseline on the same documents (eval/paired.py)
+gives an interval on recovery (or on the perplexity increase) and a verdict: PASS, FAIL or
+INCONCLUSIVE. The speed rule compares the policy's speed figure with the baseline's; the memory rule
+compares peak memory with the budget (policy.py). A build passes only when every rule passes; among
+passing builds the policy's preference picks the one that ships.
+
+With `against="ship"` every build is also compared with the build that alias `ship` points at, on its
+per-document records from MLflow, with the same statistics and thresholds: a rebuild worse than what is
+deployed fails (a regression gate for CI).
+
+The gate reads the stages from the tracking store where this machine lacks them
+(pipelines/tracking/readback.py). The result goes to artifacts/<model>/gate.json, to tags
+`qeval.gate.verdict` and `qeval.gate.reasons` on every build's MLflow run, and to the Model Registry:
+`qeval-<model>`, alias `ship`, whose version's source is the chosen build's checkpoint logged on its
+run, so that any machine reaching the store can fetch it (`qeval pull`).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+from eval.paired import Scored
+from eval.stats import Comparison
+from pipelines.core.cards import ModelCard
+from pipelines.core.code import code_version
+from pipelines.core.errors import QevalError
+from pipelines.core.layout import CHECKPOINT_DIR
+from pipelines.core.results import Evaluated, Quantized
+from pipelines.core.tracker import Tracker
+from pipelines.core.verdicts import BuildVerdict, Decision, Measured, write_decision
+from pipelines.core.weights import checkpoint_for
+from pipelines.decision.inputs import fits, measured, paired_with, task_comparisons
+from pipelines.decision.policy import (
+    choose,
+    combine,
+    fit_rule,
+    memory_rule,
+    speed_label,
+    speed_rule,
+    task_rule,
+    vs_ship_rule,
+)
+from pipelines.tracking.names import SHIP_ALIAS as SHIP
+from pipelines.tracking.readback import fetch_builds, fetch_shipped
+
+Shipped = tuple[str, tuple[Scored, Evaluated]]  # the shipped version's name, and its evaluation
+
+log = logging.getLogger(__name__)
+
+
+def judge(
+    card: ModelCard,
+    precision: str,
+    baseline: Measured,
+    baseline_bytes: float,
+    shipped: Shipped | None = None,
+) -> BuildVerdict:
+    """Every rule of the card's policy applied to one quantized build; with `shipped` (the name and the
+    evaluation of the build alias `ship` points at), its tasks against that build's too."""
+    policy = card.gate
+    tasks: dict[str, Comparison] = task_comparisons(card, precision)
+    vs_ship = paired_with(card, precision, shipped[1]) if shipped else {}
+    build, weight_bytes = measured(card, precision)
+    rules = [task_rule(t, c) for t, c in tasks.items()]
+    rules += [vs_ship_rule(shipped[0], t, c) for t, c in vs_ship.items()] if shipped else []
+    fast, up = speed_rule(policy, build, baseline, baseline_bytes / weight_bytes)
+    rules += [fast, memory_rule(policy, build)]
+    if policy.must_fit:
+        rules.append(fit_rule(fits(card, precision)))
+    return BuildVerdict(
+        precision=precision, verdict=combine([r.verdict for r in rules]), rules=rules, tasks=tasks, speed=build,
+        speedup=up, vs_ship=vs_ship,
+    )  # fmt: skip
+
+
+def decide(card: ModelCard, shipped: Shipped | None = None, against: dict[str, str] | None = None) -> Decision:
+    """Apply the card's policy to the finished stages of every build (and compare each with `shipped`)."""
+    policy = card.gate
+    baseline, baseline_bytes = measured(card, policy.baseline)
+    verdicts = [judge(card, p, baseline, baseline_bytes, shipped) for p in card.precisions if p != policy.baseline]
+    chosen, why = choose(verdicts, policy.prefer, policy.tie_tolerance)
+    return Decision(
+        model=card.name,
+        decided=datetime.now(UTC).isoformat(timespec="seconds"),
+        policy=policy,
+        speed_axis=speed_label(card),
+        baseline=baseline,
+        builds=verdicts,
+        chosen=chosen,
+        why=why,
+        against=against or {},
+        code=code_version(),
+    )
+
+
+def _shipped(card: ModelCard, tracker: Tracker) -> tuple[Shipped | None, dict[str, str]]:
+    """The evaluation of the build alias `ship` points at, for a regression gate; None when nothing ships."""
+    found = fetch_shipped(card, tracker)
+    if found is None:
+        log.warning("%s: no build ships yet (alias 'ship' is unset): gating against the baseline only", card.name)
+        return None, {}
+    info, evaluation = found
+    return (f"ship v{info['version']} ({info['precision']})", evaluation), info
+
+
+def checkpoint_source(card: ModelCard, tracker: Tracker, precision: str, run_id: str) -> str:
+    """The chosen build's checkpoint as an artifact of its run, logged now where the quantize stage did not
+    (a store made before checkpoints were logged): the registry version's source, fetchable anywhere."""
+    where = f"{Quantized.STAGE}/{CHECKPOINT_DIR}"
+    if not tracker.has_artifacts(run_id, where):
+        try:
+            folder, _ = checkpoint_for(card, precision)
+        except QevalError:
+            raise QevalError(
+                f"gate: {card.name}@{precision}: its run {run_id} has no logged checkpoint and this machine has "
+                f"none; rerun on the machine that built it, or: qeval quantize --model {card.name} "
+                f"--precision {precision} --force"
+            ) from None
+        tracker.log_folder(run_id, Path(folder), where)
+    return tracker.artifact_uri(run_id, where)
+
+
+def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> Decision:
+    """Decide, then record the decision: gate.json, MLflow tags, and the registry alias `ship`.
+
+    `against="ship"`: a regression gate, every build also compared with the build that ships now."""
+    fetch_builds(card, tracker)
+    shipped, info = _shipped(card, tracker) if against == SHIP else (None, {})
+    decision = decide(card, shipped, info)
+    for b in decision.builds:
+        log.info("%s@%s: %s", card.name, b.precision, b.verdict)
+        for r in b.rules:
+            log.debug("    %s", r.reason)
+    tracker.log_verdicts(decision)
+    if decision.chosen:
+        run_id = tracker.build_run(decision.chosen)
+        registered = tracker.register_ship(
+            run_id, checkpoint_source(card, tracker, decision.chosen, run_id), decision.why
+        )
+        decision = decision.model_copy(update={"registered": registered})
+        log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)
+    elif shipped:  # a regression gate that nothing passed: what is deployed stays deployed
+        log.warning("%s: nothing replaces %s: %s", card.name, shipped[0], decision.why)
+    else:
+        tracker.clear_ship()
+        log.warning("%s: nothing ships: %s", card.name, decision.why)
+    tracker.log_decision(decision, write_decision(decision))
+    return decision

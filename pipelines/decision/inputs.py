@@ -1,0 +1,111 @@
+"""What the gate reads of the stages: their typed results, and the per-document records of evaluate.
+
+Turns them into the paired task comparisons (eval/paired.py, under the card's thresholds) and the speed and
+memory figures the policy (policy.py) judges. Every missing or mismatched input is one error naming the fix.
+"""
+
+from __future__ import annotations
+
+from eval.paired import Scored, paired
+from eval.serving import LevelMetrics
+from eval.sizing import Fit
+from eval.stats import Comparison
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.layout import stage_dir
+from pipelines.core.registry import require
+from pipelines.core.results import Benched, Evaluated, Served, Sized, finished
+from pipelines.core.verdicts import Measured
+
+
+def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
+    """The build's speed and memory at the policy's batch, and its resident weight bytes."""
+    bench = require(card, precision, Benched, "gate")
+    where = f"gate: {card.name}@{precision} bench"
+    if bench.config.no_weights:
+        raise QevalError(f"{where} used random weights (--no-weights); bench the checkpoint: qeval bench")
+    b = card.gate.speed_batch
+    point = bench.at(b)
+    if point is None or point.decode_tps_per_user is None or point.peak_mem_bytes is None:
+        raise QevalError(f"{where} has no decode speed at batch {b} (out of memory there, or another grid)")
+    served = _served(card, precision)
+    server_regime = card.gate.speed_regime == "server" and served is not None
+    m = Measured(
+        decode_tps=point.decode_tps_per_user,
+        peak_gb=point.peak_mem_bytes / 1e9,
+        weights_gb=bench.engine.weight_bytes / 1e9,
+        # the regime's own: how the server ran it (vLLM's kernels) or the engine bench
+        execution=served.execution if server_regime else bench.engine.execution,
+        regime=card.gate.speed_regime,
+        engine=served.engine if server_regime else bench.engine.engine,
+        goodput=_level(card, precision, served).goodput_rps if served else None,
+        users_at_slo=served.max_users_at_slo if served else None,
+    )
+    return m, float(bench.engine.weight_bytes)
+
+
+def _served(card: ModelCard, precision: str) -> Served | None:
+    """The build's server sweep (required under the server regime, shown where it exists otherwise)."""
+    if card.gate.speed_regime == "server":
+        return require(card, precision, Served, "gate")
+    done = finished(card.name, precision, Served)
+    return done.result if done else None
+
+
+def _level(card: ModelCard, precision: str, served: Served) -> LevelMetrics:
+    level = served.per_level.get(card.judged_users)
+    if level is None:
+        raise QevalError(f"gate: {card.name}@{precision} serve has no level at {card.judged_users} users; "
+                         f"rerun qeval serve")  # fmt: skip
+    return level
+
+
+def fits(card: ModelCard, precision: str) -> list[Fit]:
+    """The sizing projection on each GPU the policy requires a fit on, from the size stage."""
+    sized = require(card, precision, Sized, "gate")
+    projected = {f.gpu: f for f in sized.fits}
+    missing = [g for g in card.gate.must_fit if g not in projected]
+    if missing or (sized.batch, sized.input_len, sized.output_len) != (
+        card.speed.largest_batch,
+        card.speed.input_len,
+        card.speed.output_len,
+    ):
+        raise QevalError(f"gate: {card.name}@{precision} was sized for other GPUs or another grid; rerun: "
+                         f"qeval size --log --model {card.name} --precision {precision}")  # fmt: skip
+    return [projected[g] for g in card.gate.must_fit]
+
+
+def evaluation(card: ModelCard, precision: str) -> tuple[Scored, Evaluated]:
+    """A build's finished evaluation: its per-document records and scores, and the stage's result."""
+    done = require(card, precision, Evaluated, "gate")
+    return Scored(stage_dir(card.name, precision, Evaluated.STAGE), done.accuracy), done
+
+
+def task_comparisons(card: ModelCard, precision: str) -> dict[str, Comparison]:
+    """The paired comparison of every task of the card between the build and the baseline."""
+    return paired_with(card, precision, evaluation(card, card.gate.baseline), "the baseline")
+
+
+def paired_with(
+    card: ModelCard, precision: str, other: tuple[Scored, Evaluated], who: str = "the shipped build"
+) -> dict[str, Comparison]:
+    """Every task of the card, the build against `other` (the baseline's or the shipped build's evaluation)."""
+    build, done = evaluation(card, precision)
+    if done.settings != other[1].settings:
+        raise QevalError(
+            f"gate: {card.name}@{precision} was evaluated with other settings than {who}; rerun both "
+            f"with the card's settings: qeval run --model {card.name}"
+        )
+    gate, out = card.gate, {}
+    for task in card.accuracy.tasks:
+        try:
+            out[task] = paired(task, other[0], build, threshold=gate.threshold(task), bootstrap=gate.bootstrap,
+                               metric=gate.task_metric.get(task))  # fmt: skip
+        except FileNotFoundError as e:
+            raise QevalError(f"gate: {e}; rerun: qeval evaluate --force") from None
+        except KeyError:
+            raise QevalError(f"gate: {card.name}@{precision} {task}: not {who}'s documents; rerun evaluate") from None
+        except ValueError as e:
+            chosen = " (gate.task_metric in the card)" if task in gate.task_metric else ""
+            raise QevalError(f"gate: {e}{chosen}") from None
+    return out

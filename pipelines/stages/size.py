@@ -1,0 +1,130 @@
+"""The size stage: will each build fit the card's GPUs, with how many users, and how fast?
+
+Projections come from eval/sizing.py over the model's architecture (`source.config`, else the local
+checkpoint's config.json; nothing is downloaded). Weights are the build's real weight files where
+its quantize stage has run, else the precision's bytes per weight at the card's group size; KV entries
+take the bytes of the KV-cache dtype the card serves. The GPUs are the card's target GPUs and those its
+gate requires a fit on. Where the build was benchmarked, the projection for the benchmark's own device
+(its bandwidth, its resident bytes) is set beside the measured decode speed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import eval.gpus as gpus
+import eval.sizing as sizing
+from eval.speed import decode_step_bytes, mid_generation_context
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.files import file_digest
+from pipelines.core.results import BenchCheck, Benched, Quantized, Sized, StageRecord, finished
+from pipelines.core.runner import run_stage
+from pipelines.core.tracker import Tracker
+from pipelines.core.weights import architecture_config
+
+log = logging.getLogger(__name__)
+KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}
+"""Bytes of a KV-cache entry per card `server.kv_cache_dtype` (auto: the 16-bit compute dtype)."""
+
+
+def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
+    """The model's shape from `source.config` or the local checkpoint's config.json."""
+    path = architecture_config(card, "sizing")
+    try:
+        return sizing.Shape.from_config(json.loads(path.read_text())), path
+    except (OSError, ValueError, KeyError) as e:
+        raise QevalError(f"model '{card.name}': cannot read the architecture from {path}: {e}") from None
+
+
+def assumptions(card: ModelCard, *, mbu: float = 1.0) -> sizing.Assumptions:
+    """What the card's projections assume: sizing's defaults, with the KV-cache dtype the card serves."""
+    return sizing.Assumptions(kv_dtype_bytes=KV_DTYPE_BYTES[card.server.kv_cache_dtype], mbu=mbu)
+
+
+def real_weight_bytes(card: ModelCard, precision: str) -> float | None:
+    """The build's weight files in bytes, where its quantize stage has run."""
+    built = finished(card.name, precision, Quantized)
+    return float(built.result.checkpoint_bytes) if built else None
+
+
+def fits_table(
+    card: ModelCard,
+    precisions: list[str],
+    gpu_names: list[str],
+    *,
+    batch: int,
+    input_len: int,
+    output_len: int,
+    a: sizing.Assumptions,
+) -> list[sizing.Fit]:
+    """The projection of every precision on every GPU named, at one grid point."""
+    shape, _ = architecture(card)
+    grid = {"batch": batch, "input_len": input_len, "output_len": output_len}
+    group = card.quantization.group_size
+    return [
+        sizing.fit(shape, p, gpus.get_gpu(name), **grid, group_size=group, weights=real_weight_bytes(card, p), a=a)
+        for p in precisions
+        for name in gpu_names
+    ]
+
+
+def bench_check(bench: Benched | None) -> BenchCheck | None:
+    """Projected decode ceiling on the benchmark's own device beside the measured speed (batch 1), both
+    over the bytes a decode step reads (eval/speed.py)."""
+    point = bench.at(1) if bench is not None and not bench.config.no_weights else None
+    if point is None or not point.decode_tps_per_user:
+        return None
+    e = bench.engine
+    context = mid_generation_context(bench.input_len, bench.output_len)
+    step = decode_step_bytes(e.weight_bytes, e.embedding_bytes, e.kv_bytes_per_token, 1, context)
+    ceiling = e.bandwidth_gb_s * 1e9 / step
+    measured = point.decode_tps_per_user
+    return BenchCheck(decode_ceiling=ceiling, decode_measured=measured, measured_over_ceiling=measured / ceiling)
+
+
+def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False) -> StageRecord[Sized]:
+    """Project memory and speed of one build on the card's GPUs and log them."""
+    card.require_precision(precision)
+    shape, config = architecture(card)
+    s, group, a = card.speed, card.quantization.group_size, assumptions(card)
+    weights = real_weight_bytes(card, precision)
+    bench = finished(card.name, precision, Benched)
+    inputs = {
+        "config": file_digest([config]),
+        "weights": weights,
+        "gpus": card.sizing_gpus,
+        "grid": [s.largest_batch, s.input_len, s.output_len],
+        "group_size": group,
+        "assumptions": asdict(a),
+        "bench": [bench.inputs_digest, bench.started] if bench else None,  # a forced rerun counts too
+    }
+
+    def work(out: Path) -> Sized:
+        fits = fits_table(card, [precision], card.sizing_gpus, batch=s.largest_batch, input_len=s.input_len,
+                          output_len=s.output_len, a=a)  # fmt: skip
+        (out / "fits.json").write_text(json.dumps([asdict(f) for f in fits], indent=2) + "\n")
+        for f in fits:
+            fit = "fits" if f.fits else (f"fits on {f.tensor_parallel} (TP)" if f.tensor_parallel else "does not fit")
+            log.debug("%s@%s on %s: %s, %.3g GB at batch %d, %d sequences at most, decode <= %.0f tok/s per user",
+                      card.name, precision, f.gpu, fit, f.total_gb, s.largest_batch, f.max_sequences,
+                      f.decode_tps_per_user)  # fmt: skip
+        projected = sizing.weight_bytes(shape, precision, group)
+        return Sized(
+            batch=s.largest_batch,
+            input_len=s.input_len,
+            output_len=s.output_len,
+            group_size=group,
+            weights_bytes=weights if weights is not None else projected,
+            weights_from="checkpoint files" if weights is not None else "from config",
+            weights_bytes_from_config=projected,
+            kv_bytes_per_token=shape.kv_bytes_per_token(a.kv_dtype_bytes),
+            assumptions=a,
+            fits=fits,
+            bench_check=bench_check(bench.result if bench else None),
+        )
+
+    return run_stage(tracker, precision, Sized, inputs, work, force=force)

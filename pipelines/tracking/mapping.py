@@ -1,0 +1,210 @@
+"""The pure functions that turn typed results into MLflow names: what a stage's result logs to its build's
+run (by the tables of tables.py), and the gate's verdicts, tags and policy.
+
+No MLflow import: pipelines/tracking/mlflow_tracker.py writes what these return to the store, and
+tests/memory_tracker.py keeps the same in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eval.stats import Verdict
+from pipelines.core.results import Benched, CodeVersion, Evaluated, Quantized, Served, Sized, StageResult
+from pipelines.core.verdicts import BuildVerdict, Decision, Measured
+from pipelines.present import formats
+from pipelines.tracking.names import (
+    EVAL_METRIC,
+    EVAL_STDERR,
+    GATE_PARAM,
+    MAX_TAG,
+    RECOVERY_METRIC,
+    SERVED_DIFF,
+    SERVED_METRIC,
+    SIZE_GPU_METRIC,
+    TAG_CHOSEN,
+    TAG_COMMIT,
+    TAG_DESCRIPTION,
+    TAG_DIGESTS,
+    TAG_DIRTY,
+    TAG_MODEL,
+    TAG_PRECISION,
+    TAG_REASONS,
+    TAG_RUN_COLOUR,
+    TAG_SHIPS,
+    TAG_STAGE,
+    TAG_VERDICT,
+)
+from pipelines.tracking.tables import (
+    BENCH_METRICS,
+    BENCH_PARAMS,
+    BENCH_SERIES,
+    ENGINE_SETTINGS,
+    EVAL_PARAMS,
+    EVAL_SETTINGS,
+    GATE_METRICS,
+    LOAD_SETTINGS,
+    QUANTIZE_METRICS,
+    QUANTIZE_PARAMS,
+    QUANTIZE_SETTINGS,
+    SERVE_METRICS,
+    SERVE_PARAMS,
+    SERVE_SERIES,
+    SIZE_GPU_FIGURES,
+    SIZE_METRICS,
+    SIZE_PARAMS,
+    VERIFY_SETTINGS,
+    VLLM_SETTINGS,
+    Getter,
+)
+
+
+@dataclass
+class Logged:
+    """What one stage writes to its build's run."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Metrics over a step (batch size, concurrency): name -> [(step, value), ...]."""
+    params: dict[str, str] = field(default_factory=dict)
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _numbers(table: Mapping[str, Getter], obj: Any) -> dict[str, float]:
+    values = {name: get(obj) for name, get in table.items()}
+    return {k: float(v) for k, v in values.items() if v is not None and not isinstance(v, str)}
+
+
+def _params(table: Mapping[str, Getter], obj: Any) -> dict[str, str]:
+    values = {name: get(obj) for name, get in table.items()}
+    return {k: _text(v) for k, v in values.items() if v is not None}
+
+
+def _settings(config: Any, table: Mapping[str, str]) -> dict[str, str]:
+    return {param: _text(getattr(config, name)) for name, param in table.items()} if config is not None else {}
+
+
+def _finite(values: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if math.isfinite(v)}
+
+
+def logged(result: StageResult) -> Logged:
+    """The metrics, series, params and data sets a stage's result logs to its build's run."""
+    match result:
+        case Quantized():
+            params = _settings(result.config, QUANTIZE_SETTINGS) | _settings(result.verify, VERIFY_SETTINGS)
+            return Logged(_numbers(QUANTIZE_METRICS, result), params=params | _params(QUANTIZE_PARAMS, result))
+        case Evaluated():
+            metrics = {}
+            for task, scores in result.accuracy.scores.items():
+                for m in scores:
+                    metrics[EVAL_METRIC.format(task=task, metric=m.id)] = m.value
+                    if m.stderr is not None:
+                        suffix = "" if m.filter == "none" else f"/{m.filter}"
+                        metrics[EVAL_STDERR.format(task=task, name=m.name, filter=suffix)] = m.stderr
+            for task, values in (result.recovery or {}).items():
+                metrics |= {RECOVERY_METRIC.format(task=task, metric=k): v for k, v in values.items()}
+            params = _settings(result.config, EVAL_SETTINGS) | _params(EVAL_PARAMS, result)
+            return Logged(_finite(metrics), params=params, datasets=result.accuracy.datasets)
+        case Benched():
+            points = result.main_points()
+            series = {n: [(p.batch, v) for p in points if (v := get(p)) is not None] for n, get in BENCH_SERIES.items()}
+            params = _settings(result.config, ENGINE_SETTINGS) | _params(BENCH_PARAMS, result)
+            return Logged(_numbers(BENCH_METRICS, result), series, params)
+        case Served():
+            levels = result.per_level.items()
+            series = {
+                n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None] for n, get in SERVE_SERIES.items()
+            }
+            params = _settings(result.load, LOAD_SETTINGS) | _settings(result.vllm, VLLM_SETTINGS)
+            return Logged(
+                _numbers(SERVE_METRICS, result) | _served(result), series, params | _params(SERVE_PARAMS, result)
+            )
+        case Sized():
+            metrics = _numbers(SIZE_METRICS, result)
+            for f in result.fits:
+                metrics |= {
+                    SIZE_GPU_METRIC.format(gpu=f.gpu, figure=k): float(get(f)) for k, get in SIZE_GPU_FIGURES.items()
+                }
+            return Logged(metrics, params=_params(SIZE_PARAMS, result))
+    raise TypeError(f"no MLflow mapping for {type(result).__name__}")
+
+
+def _served(result: Served) -> dict[str, float]:
+    """The build's scores through its server, and their paired difference from the offline ones."""
+    if result.accuracy is None:
+        return {}
+    metrics = {
+        SERVED_METRIC.format(task=task, metric=m.id): m.value
+        for task, scores in result.accuracy.accuracy.scores.items()
+        for m in scores
+    }
+    for task, c in result.accuracy.vs_offline.items():
+        for bound, value in zip(("", "_lower", "_upper"), c.difference, strict=True):
+            metrics[SERVED_DIFF.format(task=task, metric=c.metric, bound=bound)] = value
+    return _finite(metrics)
+
+
+def verdict_metrics(build: BuildVerdict) -> dict[str, float]:
+    """A build's headline figures under the gate (`gate/*`), for the runs table: four significant digits,
+    which is what a table cell shows whole (gate.json and the `eval/*` metrics keep every digit)."""
+    return {k: float(f"{v:.4g}") for k, v in _finite(_numbers(GATE_METRICS, build)).items()}
+
+
+def baseline_metrics(baseline: Measured) -> dict[str, float]:
+    """The baseline's `gate/*` figures: recovery and speed-up 1 by definition."""
+    build = BuildVerdict(precision="", verdict=Verdict.BASELINE, rules=[], tasks={}, speed=baseline, speedup=1.0)
+    return verdict_metrics(build)
+
+
+def verdict_tags(decision: Decision, build: BuildVerdict | None) -> dict[str, str]:
+    """A build's verdict, its reasons (one per line) and its one-line summary as the run's description
+    (None: the baseline); register_ship marks the chosen."""
+    precision = build.precision if build else decision.policy.baseline  # the colour too, for runs made before it
+    note = {TAG_DESCRIPTION: formats.summary(decision, build), TAG_RUN_COLOUR: formats.precision_colour(precision)}
+    if build is None:
+        return {TAG_VERDICT: str(Verdict.BASELINE), TAG_REASONS: "the baseline every build is compared with", **note}
+    reasons = "\n".join(build.reasons)[:MAX_TAG]
+    return {TAG_VERDICT: str(build.verdict), TAG_REASONS: reasons, TAG_CHOSEN: "false", **note}
+
+
+def summary_tags(decision: Decision) -> dict[str, str]:
+    ships = f"Ships {decision.chosen}: {decision.why}." if decision.chosen else f"Nothing ships: {decision.why}."
+    return {TAG_SHIPS: decision.chosen or "none", TAG_DESCRIPTION: ships, **code_tags(decision.code)}
+
+
+def decision_params(decision: Decision) -> dict[str, str]:
+    """The policy the decision was made under, one `gate.<key>` param per policy key."""
+    values = decision.policy.model_dump()
+    return {
+        GATE_PARAM.format(key=k): json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in values.items()
+    }
+
+
+def code_tags(code: CodeVersion) -> dict[str, str]:
+    return {TAG_COMMIT: code.commit, TAG_DIRTY: str(code.dirty).lower()}
+
+
+def stage_tags(stage: str, digest: str, code: CodeVersion, digests: str | None = None) -> dict[str, str]:
+    """A finished stage's tags; `digests`: the run's TAG_DIGESTS so far, to which this stage's is added."""
+    known = {**json.loads(digests or "{}"), stage: digest}
+    return {TAG_STAGE.format(stage=stage): "done", TAG_DIGESTS: json.dumps(known, sort_keys=True), **code_tags(code)}
+
+
+def stage_digest(tags: Mapping[str, str], stage: str) -> str | None:
+    """The cache key a run's tags record for a finished stage."""
+    return json.loads(tags.get(TAG_DIGESTS) or "{}").get(stage)
+
+
+def build_run_tags(model: str, precision: str) -> dict[str, str]:
+    return {TAG_MODEL: model, TAG_PRECISION: precision, TAG_RUN_COLOUR: formats.precision_colour(precision)}

@@ -1,0 +1,118 @@
+"""The tracking store as the system of record; artifacts/ as this machine's cache of it.
+
+Every finished stage logs its folder (manifest.json, per-document records, logs; a quantized build's
+checkpoint too) to its build's run (pipelines/core/runner.py). A machine that did not run a stage, or whose
+copy is older than the run's, reads it back from there before the gate, the report or a later stage of
+another build uses it: `qeval gate` on an empty folder reaches the decision the machine that ran the stages
+reached. A checkpoint is never fetched here (`qeval pull` is for that).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from eval.paired import Scored
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.files import replace_dir, scratch
+from pipelines.core.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
+from pipelines.core.registry import JUDGED, STAGES
+from pipelines.core.results import Evaluated, read_manifest
+from pipelines.core.tracker import Tracker
+from pipelines.core.verdicts import Decision
+
+log = logging.getLogger(__name__)
+
+
+def fetch_stage(tracker: Tracker, run_id: str, precision: str, stage: str, into: Path | None = None) -> bool:
+    """Bring the run's `stage` into the cache (or `into`), unless the copy there is the run's; True when
+    the cache holds the run's stage afterwards, False when the run has none."""
+    digest = tracker.logged_digest(run_id, stage)
+    if digest is None:
+        return False
+    spec = STAGES[stage]
+    final = into or stage_dir(tracker.model, precision, stage)
+    here = read_manifest(final, spec.result)
+    if here is not None and here.inputs_digest == digest:
+        return True
+    with scratch(final, "fetch") as folder:
+        got = tracker.download(run_id, stage, folder, skip=(CHECKPOINT_DIR,))
+        fetched = read_manifest(got, spec.result) if got else None
+        if got is None or fetched is None or fetched.inputs_digest != digest:
+            raise QevalError(
+                f"{tracker.model}@{precision} {stage}: the MLflow run {run_id} is tagged done but its "
+                f"{stage}/manifest.json is {'missing' if fetched is None else 'of another run of the stage'}; "
+                f"rerun: qeval {spec.command} --model {tracker.model} --precision {precision} --force"
+            )
+        replace_dir(got, final)  # as a finished stage replaces the previous one
+    log.info("%s@%s %s: read from the tracking store (run %s)", tracker.model, precision, stage, run_id)
+    return True
+
+
+def fetch_builds(card: ModelCard, tracker: Tracker, precisions: list[str] | None = None,
+                 stages: tuple[str, ...] = JUDGED) -> None:  # fmt: skip
+    """Each build's `stages` from its current run into the cache, where the cache lacks them."""
+    for precision in precisions or card.precisions:
+        run_id = tracker.find_run(precision)
+        if run_id is None:
+            continue
+        build_dir(card.name, precision).mkdir(parents=True, exist_ok=True)
+        for stage in stages:
+            fetch_stage(tracker, run_id, precision, stage)
+
+
+def fetch_decision(tracker: Tracker) -> bool:
+    """The gate's last decision (the summary run's gate.json) into the cache; False when none is logged."""
+    run_id = tracker.find_run(None)
+    if run_id is None:
+        return False
+    final = gate_file(tracker.model)
+    with scratch(final, "fetch") as folder:
+        got = tracker.download(run_id, "gate", folder)
+        if got is None or not (got / final.name).is_file():
+            return False
+        try:
+            Decision.model_validate_json((got / final.name).read_text())  # this qeval's, or not taken
+        except ValueError:
+            return False
+        os.replace(got / final.name, final)
+    return True
+
+
+def fetch_shipped(card: ModelCard, tracker: Tracker) -> tuple[dict[str, str], tuple[Scored, Evaluated]] | None:
+    """The registry version behind alias `ship` and its build's evaluation (per-document records), read from
+    its run into artifacts/<model>/ship-v<version>/; None when nothing ships."""
+    info = tracker.shipped()
+    if info is None:
+        return None
+    folder = ship_dir(card.name, info["version"]) / Evaluated.STAGE
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if not info["run_id"] or not fetch_stage(tracker, info["run_id"], info["precision"], Evaluated.STAGE, folder):
+        raise QevalError(
+            f"gate --against ship: version {info['version']} of {card.name} (run {info['run_id'] or 'none'}) has "
+            f"no logged evaluation to compare with"
+        )
+    done = read_manifest(folder, Evaluated)
+    assert done is not None  # fetch_stage checked it
+    return info, (Scored(folder, done.result.accuracy), done.result)
+
+
+def pull(tracker: Tracker, alias: str, folder: Path) -> dict:
+    """The registry version behind `alias` (its build's checkpoint) into `folder`, whole or not at all."""
+    folder = folder.resolve()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise QevalError(f"{folder} exists and is not an empty folder; name a new one")
+    with scratch(folder, "pull") as landing:
+        got = tracker.download_version(alias, landing)
+        # MLflow puts a folder source under its own name (checkpoint/); the servable folder holds config.json
+        config = next(iter(sorted(landing.rglob("config.json"), key=lambda p: len(p.parts))), None)
+        if config is None:
+            raise QevalError(f"{got['name']} version {got['version']} has no config.json: not a servable folder")
+        if folder.exists():
+            folder.rmdir()
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        config.parent.rename(folder)
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    return {**got, "folder": str(folder), "files": len(files), "bytes": sum(f.stat().st_size for f in files)}

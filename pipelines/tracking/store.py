@@ -1,0 +1,88 @@
+"""The tracking store's address: where it is, its credentials kept out of sight, its health, its errors.
+
+$MLFLOW_TRACKING_URI, else SQLite at mlruns/mlflow.db. Credentials in an HTTP URI move to MLflow's own
+variables, so that nothing qeval or MLflow prints carries them; every message shows the URI redacted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from pipelines.core.errors import QevalError
+from pipelines.core.net import Unreachable, probe
+from pipelines.core.paths import mlruns_dir
+
+
+def tracking_uri() -> str:
+    """$MLFLOW_TRACKING_URI, else the SQLite store under mlruns/."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
+
+
+HEALTH_TIMEOUT_S = 5.0  # a tracking server that does not answer /health within this is not used
+# MLflow's own HTTP client retries 7 times with backoff (about 4 minutes against a dead server) and waits
+# 120 s per request; qeval checks the server first, so later requests get fewer, shorter tries
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def without_credentials(uri: str) -> str:
+    """The URI without user name and password, which move to MLflow's own variables for its HTTP client:
+    nothing MLflow prints (its "View run ... at:" lines, its errors) then carries them."""
+    parts = urlsplit(uri)
+    if not (parts.username or parts.password):
+        return uri
+    if parts.username:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parts.username)
+    if parts.password:
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(parts.password)
+    return urlunsplit(parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else "")))
+
+
+def check_server(uri: str) -> None:
+    """One quick look at an HTTP tracking server before any work: it must answer /health in seconds."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    try:
+        probe(uri.rstrip("/") + "/health", HEALTH_TIMEOUT_S, auth=(user, password or "") if user else None)
+    except Unreachable as e:
+        raise QevalError(
+            f"tracking server {redact(uri)} does not answer /health within {HEALTH_TIMEOUT_S:g} s ({e.why}); "
+            f"start it or fix MLFLOW_TRACKING_URI, or unset it to use the local store"
+        ) from None
+
+
+def redact(uri: str) -> str:
+    """The URI without user name or password, for messages."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return uri
+
+
+def store_error(uri: str, e: Exception) -> str:
+    """One line for an exception from the store: what went wrong and the fix, no credentials.
+
+    SQLAlchemy puts its autoflush advice first and SQLite's own reason after it; the reason is what a
+    user needs."""
+    text = scrub(str(e))
+    unwritable = ("readonly database", "read-only file system", "disk I/O error", "database or disk is full")
+    if found := next((u for u in unwritable if u.lower() in text.lower()), None):
+        return (
+            f"the MLflow store {redact(uri)} cannot be written ({found}: a read-only, full or immutable file); "
+            f"make it writable, or set MLFLOW_TRACKING_URI or QEVAL_WORKDIR to a writable place"
+        )
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = next((line for line in lines if "Error)" in line or "Error:" in line), lines[0] if lines else "")
+    return f"the MLflow store {redact(uri)} failed: {type(e).__name__}: {reason[:300]}"
+
+
+def scrub(text: str) -> str:
+    """`text` with any credentials in URLs (`scheme://user:password@host`) replaced by ***."""
+    return re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", text)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None

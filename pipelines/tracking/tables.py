@@ -1,0 +1,261 @@
+"""The tables of what each stage's typed result logs to its build's run: metric name -> how the result
+gives the figure, config field -> param name, and NAMES, every MLflow name qeval writes (README.md,
+"MLflow layout", lists them; tests/test_tracking.py holds the two to each other).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from pipelines.core.results import Quantized
+from pipelines.tracking.names import (
+    EVAL_METRIC,
+    EXPERIMENT,
+    GATE_PARAM,
+    GATE_RECOVERY_WORST,
+    GATE_RECOVERY_WORST_LOWER,
+    GATE_SPEED,
+    GATE_USERS_AT_SLO,
+    GATE_WEIGHTS_GB,
+    PARAM_PRECISION,
+    RECOVERY_METRIC,
+    SERVED_DIFF,
+    SERVED_METRIC,
+    TAG_CHOSEN,
+    TAG_COMMIT,
+    TAG_DESCRIPTION,
+    TAG_DIGESTS,
+    TAG_DIRTY,
+    TAG_KIND,
+    TAG_MODEL,
+    TAG_PRECISION,
+    TAG_REASONS,
+    TAG_RUN_COLOUR,
+    TAG_SHIPS,
+    TAG_STAGE,
+    TAG_STAGE_ERROR,
+    TAG_SUPERSEDED,
+    TAG_VERDICT,
+    TAG_VIEW,
+)
+from quant.precisions import get_precision
+
+Getter = Callable[[Any], Any]
+
+
+def _grouped(q: Quantized) -> bool:
+    return q.config is not None and get_precision(q.config.precision).grouped
+
+
+QUANTIZE_METRICS: dict[str, Getter] = {
+    "size/checkpoint_gb": lambda q: q.checkpoint_bytes / 1e9,
+    "quant/kl_vs_baseline": lambda q: q.proof and q.proof.kl_vs_baseline,
+    "quant/top1_agreement": lambda q: q.proof and q.proof.top1_agreement,
+    "quant/seconds": lambda q: q.build and q.build.seconds,
+    "quant/peak_rss_gb": lambda q: q.build and q.build.peak_rss_mb * 2**20 / 1e9,
+}
+BENCH_METRICS: dict[str, Getter] = {
+    "mem/weights_gb": lambda b: b.engine.weight_bytes / 1e9,
+    "mem/kv_bytes_per_token": lambda b: b.engine.kv_bytes_per_token,
+}
+BENCH_SERIES: dict[str, Getter] = {  # step = batch size, at the grid's main point
+    "engine/ttft_ms": lambda p: p.ttft_ms_p50,
+    "engine/decode_tps": lambda p: p.decode_tps_per_user,
+    "engine/total_tps": lambda p: p.decode_tps_total,
+    "engine/e2e_ms": lambda p: p.e2e_ms_p50,
+    "engine/itl_ms": lambda p: p.itl_ms_p50,
+    "engine/mbu": lambda p: p.mbu,
+    "engine/total_chars_per_s": lambda p: p.chars_per_s_total,
+    "mem/peak_gb": lambda p: p.peak_mem_bytes and p.peak_mem_bytes / 1e9,
+}
+SERVE_METRICS: dict[str, Getter] = {
+    "server/max_users_at_slo": lambda s: s.max_users_at_slo,
+    "server/failed_requests": lambda s: s.failed_requests,
+    "server/generator_ceiling_chunks_s": lambda s: s.generator_ceiling.chunks_per_s,
+    "server/served_accuracy_differs": lambda s: s.accuracy and len(s.accuracy.findings),
+}
+_LATENCY = [f"{m}_p{q}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") for q in (50, 90, 95, 99)]
+_THROUGHPUT = ["output_tps", "output_tps_per_user", "request_tps", "goodput_rps", "slo_attainment", "failed", "bursts"]
+SERVE_SERIES: dict[str, Getter] = {  # step = concurrency
+    f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT
+}
+SIZE_METRICS: dict[str, Getter] = {
+    "size/weights_gb": lambda s: s.weights_bytes / 1e9,
+    "size/weights_gb_from_config": lambda s: s.weights_bytes_from_config / 1e9,
+    "size/kv_bytes_per_token": lambda s: s.kv_bytes_per_token,
+    "size/bench_device_decode_ceiling": lambda s: s.bench_check and s.bench_check.decode_ceiling,
+    "size/bench_device_decode_measured": lambda s: s.bench_check and s.bench_check.decode_measured,
+    "size/bench_device_measured_over_ceiling": lambda s: s.bench_check and s.bench_check.measured_over_ceiling,
+}
+SIZE_GPU_FIGURES: dict[str, Getter] = {  # size/<gpu>/<figure>, per target GPU
+    "fits": lambda f: f.fits,
+    "total_gb": lambda f: f.total_gb,
+    "max_sequences": lambda f: f.max_sequences,
+    "tensor_parallel": lambda f: f.tensor_parallel or 0,
+    "decode_tps_ceiling": lambda f: f.decode_tps_per_user,
+    "ttft_ms_floor": lambda f: f.ttft_ms,
+}
+GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
+    GATE_RECOVERY_WORST: lambda b: b.worst_task()[1].recovery[0] if b.tasks else 1.0,
+    GATE_RECOVERY_WORST_LOWER: lambda b: b.worst_task()[1].recovery[1] if b.tasks else None,
+    "gate/speedup": lambda b: b.speedup,
+    GATE_SPEED: lambda b: b.speed.speed,  # the figure the speed rule used, in the card's regime
+    GATE_WEIGHTS_GB: lambda b: b.speed.weights_gb,
+    "gate/peak_gb": lambda b: b.speed.peak_gb,
+    "gate/decode_tps": lambda b: b.speed.decode_tps,
+    "gate/goodput_rps": lambda b: b.speed.goodput,
+    GATE_USERS_AT_SLO: lambda b: b.speed.users_at_slo,
+}
+
+# Params: every setting that changes a result. Each table maps a field of the stage's config to its
+# param; NOT_SETTINGS names the fields that are not settings (tests/test_tracking.py checks coverage).
+QUANTIZE_SETTINGS = {
+    "group_size": "quant.group_size",
+    "ignore": "quant.ignore",
+    "calibration": "quant.calibration",
+    "trust_remote_code": "quant.trust_remote_code",
+    "seed": "quant.seed",
+}
+VERIFY_SETTINGS = {"max_tokens": "quant.verify_max_tokens", "min_agreement": "quant.verify_min_agreement"}
+EVAL_SETTINGS = {
+    "tasks": "eval.tasks",
+    "num_fewshot": "eval.num_fewshot",
+    "limit": "eval.limit",
+    "batch_size": "eval.batch_size",
+    "seed": "eval.seed",
+    "device": "eval.device",
+    "dtype": "eval.dtype",
+    "softmax_dtype": "eval.softmax_dtype",
+    "bootstrap_iters": "eval.bootstrap_iters",
+    "trust_remote_code": "eval.trust_remote_code",
+    "backend": "eval.backend",
+    "tensor_parallel": "eval.tensor_parallel",
+    "max_length": "eval.max_length",
+}
+VLLM_SETTINGS = {
+    "device": "server.device",
+    "max_model_len": "server.max_model_len",
+    "tensor_parallel": "server.tensor_parallel",
+    "pipeline_parallel": "server.pipeline_parallel",
+    "kv_cache_dtype": "server.kv_cache_dtype",
+    "enforce_eager": "server.enforce_eager",
+    "cpu_kv_cache_gb": "server.cpu_kv_cache_gb",
+    "gpu_memory_utilization": "server.gpu_memory_utilization",
+    "seed": "server.seed",
+}
+ENGINE_SETTINGS = {
+    "no_weights": "engine.weights",
+    "batch_sizes": "engine.batch_sizes",
+    "input_lengths": "engine.input_lengths",
+    "output_lengths": "engine.output_lengths",
+    "warmup": "engine.warmup",
+    "repeats": "engine.repeats",
+    "device": "engine.device",
+    "dtype": "engine.dtype",
+    "compile": "engine.compile",
+    "bandwidth_gb_s": "engine.bandwidth_gb_s",
+    "trust_remote_code": "engine.trust_remote_code",
+    "seed": "engine.seed",
+}
+LOAD_SETTINGS = {
+    "api": "server.api",
+    "concurrency": "server.concurrency",
+    "requests_per_user": "server.requests_per_user",
+    "warmup": "server.warmup",
+    "input_len": "server.input_len",
+    "output_len": "server.output_len",
+    "exact_length": "server.exact_length",
+    "timeout_s": "server.timeout_s",
+    "warmup_timeout_s": "server.warmup_timeout_s",
+}
+NOT_SETTINGS = {  # config type name -> its fields that are not settings, and why
+    "QuantizeConfig": {"base": "a path; its digest is in the cache key", "precision": "the run's tag"},
+    "VerifyConfig": {
+        "base": "a path",
+        "checkpoint": "a path",
+        "precision": "the run's tag",
+        "trust_remote_code": "quant.trust_remote_code",
+    },
+    "AccuracyConfig": {
+        "checkpoint": "a path",
+        "include_path": "a path; eval.task_data_sha256 identifies it",
+        "base_url": "a loopback port of the moment",
+        "served_model": "the checkpoint's path, as the server names it",
+    },
+    "VllmSettings": {"positions": "the checkpoint's own (config.json), where max_model_len exceeds them"},
+    "EngineConfig": {"checkpoint": "a path", "precision": "the run's tag"},
+}
+QUANTIZE_PARAMS: dict[str, Getter] = {  # derived from the result; override a setting of the same name
+    "quant.scheme": lambda q: q.scheme,
+    "quant.base": lambda q: q.source,
+    "quant.format": lambda q: q.proof and q.proof.format,
+    "quant.weight_bits": lambda q: q.proof and q.proof.weight_bits,
+    "quant.group_size": lambda q: q.config and (q.config.group_size if _grouped(q) else "per-channel"),
+    "quant.calibration": lambda q: q.config and q.config.calibration and q.config.calibration.dataset,
+    "quant.calibration_max_seq_length": lambda q: (
+        q.config and q.config.calibration and q.config.calibration.max_seq_length
+    ),
+    "quant.calibration_samples": lambda q: q.build and q.config.calibration and q.build.calibration_samples,
+    "quant.calibration_tokens": lambda q: q.build and q.config.calibration and q.build.calibration_tokens,
+    "quant.calibration_sha256": lambda q: q.build and q.build.calibration_sha256,
+}
+EVAL_PARAMS: dict[str, Getter] = {
+    "eval.backend": lambda e: e.accuracy.backend,
+    "eval.task_data_sha256": lambda e: e.task_data_sha256 or "hub",
+}
+BENCH_PARAMS: dict[str, Getter] = {
+    "engine.device": lambda b: b.engine.device_name,
+    "engine.engine": lambda b: b.engine.engine,
+    "engine.kernels": lambda b: b.engine.kernels,
+    "engine.weights": lambda b: "random (no_weights)" if b.config.no_weights else "checkpoint",
+    "engine.input_len": lambda b: b.input_len,
+    "engine.output_len": lambda b: b.output_len,
+    "engine.bandwidth_gb_s": lambda b: f"{b.engine.bandwidth_gb_s:.1f} ({b.engine.bandwidth_source})",
+}
+SERVE_PARAMS: dict[str, Getter] = {
+    "server.engine": lambda s: s.engine,
+    "server.engine_version": lambda s: s.engine_version,
+    "server.kernels": lambda s: s.kernel_names if s.engine == "vllm" else None,
+    "server.execution": lambda s: s.execution,
+    "server.accuracy_tasks": lambda s: s.accuracy and s.accuracy.config.tasks,
+    "server.accuracy_limit": lambda s: s.accuracy and str(s.accuracy.config.limit),
+    "server.accuracy_batch_size": lambda s: s.accuracy and s.accuracy.config.batch_size,
+    "server.slo": lambda s: f"TTFT p95 <= {s.slo.ttft_ms:g} ms, TPOT p95 <= {s.slo.tpot_ms:g} ms",
+}
+SIZE_PARAMS: dict[str, Getter] = {
+    "size.grid": lambda s: f"batch {s.batch}, {s.input_len} in, {s.output_len} out",
+    "size.gpus": lambda s: [f.gpu for f in s.fits],
+    "size.group_size": lambda s: s.group_size,
+    "size.weights": lambda s: s.weights_from,
+    "size.assumptions": lambda s: json.dumps(asdict(s.assumptions)),
+}
+
+
+def _templated(name: str) -> str:
+    return name.replace("{", "<").replace("}", ">")
+
+
+NAMES: dict[str, list[str]] = {
+    "experiment": [EXPERIMENT],
+    "metrics": [
+        *QUANTIZE_METRICS, *BENCH_METRICS, *SERVE_METRICS, *SIZE_METRICS, *GATE_METRICS,
+        *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC, SERVED_METRIC)), "eval/<task>/<metric>_stderr",
+        *(_templated(SERVED_DIFF).replace("<bound>", b) for b in ("", "_lower", "_upper")),
+        *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
+    ],
+    "series": [*BENCH_SERIES, *SERVE_SERIES],
+    "params": sorted({
+        *QUANTIZE_SETTINGS.values(), *VERIFY_SETTINGS.values(), *EVAL_SETTINGS.values(), *ENGINE_SETTINGS.values(),
+        *LOAD_SETTINGS.values(), *VLLM_SETTINGS.values(), *QUANTIZE_PARAMS, *EVAL_PARAMS, *BENCH_PARAMS,
+        *SERVE_PARAMS, *SIZE_PARAMS,
+        _templated(GATE_PARAM), PARAM_PRECISION,
+    }),
+    "tags": [
+        TAG_DESCRIPTION, TAG_RUN_COLOUR,
+        TAG_MODEL, TAG_PRECISION, TAG_KIND, TAG_SUPERSEDED, TAG_VERDICT, TAG_REASONS, TAG_CHOSEN, TAG_SHIPS,
+        TAG_COMMIT, TAG_DIRTY, TAG_DIGESTS, *(_templated(t) for t in (TAG_STAGE, TAG_STAGE_ERROR)), TAG_VIEW,
+    ],
+}  # fmt: skip

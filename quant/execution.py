@@ -1,0 +1,92 @@
+"""How a build's matrix products run on a device: natively, weight-only, or emulated. One enum, one function.
+
+Every figure qeval reports says which: the engine bench, the server sweep, sizing's projection per GPU,
+the gate's reasons, the report and its charts all take it from `execution()`, a function of the
+precision (its registry entry, quant/precisions.py), the device, and the kernel the engine reported
+choosing where it reported one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+from quant.precisions import Precision, get_precision
+
+
+class Execution(StrEnum):
+    """How the figures of a build ran."""
+
+    NATIVE = "native"  # the format's own units: FP8 or INT8 tensor cores, a CPU's int8 GEMM, the baseline's 16 bits
+    WEIGHT_ONLY = "weight-only"  # low-bit weights upcast inside the kernel, 16-bit compute (Marlin, CPU WNA16)
+    EMULATED = "emulated"  # dequantized to a wider type before the product: speed says nothing of the format
+    MIXED = "mixed"  # a build whose layers ran in more than one of the above
+    UNKNOWN = "unknown"  # a server qeval did not start, or an engine that reported no kernel for a quantized build
+
+
+DEQUANTIZED = "dequantized"
+"""The kernel of an engine that dequantizes every quantized weight to compute (transformers, on any device)."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """What runs the products: a CPU, or a CUDA GPU of a compute capability (None: not known)."""
+
+    kind: Literal["cpu", "cuda"]
+    capability: tuple[int, int] | None = None
+
+
+CPU = Device("cpu")
+
+
+def execution(precision: str, device: Device, kernel: str | None = None) -> Execution:
+    """How `precision` runs on `device`, given the kernel the engine chose for its quantized layers.
+
+    - The unquantized baseline runs natively in its own dtype.
+    - An engine that dequantizes (`DEQUANTIZED`) emulates every quantized format.
+    - vLLM on a CPU: its `CPU...` kernels (oneDNN int8 GEMM, 4-bit weight-only GEMM) run the format
+      natively; its `Torch...FP8ScaledMM` kernels call `torch._scaled_mm`, which a CPU without AMX-FP8
+      emulates (docs/toolchain.md, "vLLM on this CPU").
+    - On CUDA, a Marlin kernel upcasts low-bit weights inside the kernel (weight-only); otherwise the
+      precision's registry entry decides by compute capability (FP8 native from 8.9, INT8 from 7.5).
+    """
+    p = get_precision(precision)
+    if p.checkpoint_format is None:
+        return Execution.NATIVE
+    if kernel == DEQUANTIZED:
+        return Execution.EMULATED
+    if device.kind == "cpu":
+        if kernel is None:
+            return Execution.UNKNOWN
+        if "FP8" in kernel.upper() and not kernel.startswith("CPU"):
+            return Execution.EMULATED
+        return Execution.WEIGHT_ONLY if p.activation_bits >= 16 else Execution.NATIVE
+    if kernel is not None and "marlin" in kernel.lower():
+        return Execution.WEIGHT_ONLY
+    if device.capability is None:
+        return Execution.UNKNOWN
+    return _by_capability(p, device.capability)
+
+
+def _by_capability(p: Precision, capability: tuple[int, int]) -> Execution:
+    """The registry's rule: native from `native_from`, weight-only from `weight_only_from`, else emulated."""
+    if p.native_from is not None and capability >= p.native_from:
+        return Execution.NATIVE
+    if p.weight_only_from is not None and capability >= p.weight_only_from:
+        return Execution.WEIGHT_ONLY
+    return Execution.EMULATED
+
+
+def compute_units(precision: str, device: Device) -> str:
+    """The units its matrix products use there: its own (fp8, int8) where it runs natively, else bf16."""
+    p = get_precision(precision)
+    return p.compute if execution(precision, device) == Execution.NATIVE else "bf16"
+
+
+def combined(executions: list[Execution]) -> Execution:
+    """One label for a build whose layers ran in several ways: the one they share, else mixed."""
+    distinct = set(executions)
+    if not distinct:
+        return Execution.UNKNOWN
+    return distinct.pop() if len(distinct) == 1 else Execution.MIXED

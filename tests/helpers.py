@@ -1,0 +1,59 @@
+"""What the tests share that is not a fixture: the repository, `qeval` as a user runs it, environments for
+a work folder of their own, and the checks several files make."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipelines.core.procs import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+__all__ = ["REPO", "env_with", "free_port", "last_json_line", "qeval", "qeval_timed", "root_env", "same_logits"]
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    """This environment without a tracking URI of its own, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(extra)
+    return env
+
+
+def root_env(root: Path) -> dict[str, str]:
+    """The environment of a `qeval` process working in `root` (its artifacts, store and cards)."""
+    return env_with(QEVAL_WORKDIR=str(root), QEVAL_CARDS_DIR=str(root / "cards"))
+
+
+def qeval(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`qeval ARGS` in a process of its own, from the repository, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "pipelines", *args], cwd=REPO, env=env or env_with(),
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def qeval_timed(*args: str, env: dict[str, str], timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    """qeval() and the seconds it took."""
+    t0 = time.monotonic()
+    done = qeval(*args, env=env, timeout=timeout)
+    return done, time.monotonic() - t0
+
+
+def last_json_line(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def same_logits(a: Path, b: Path) -> bool:
+    """Two checkpoint folders load (safetensors, no remote code) and give identical logits on fixed tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.arange(1, 33).unsqueeze(0)
+    out = []
+    for folder in (a, b):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, use_safetensors=True).eval()
+        with torch.no_grad():
+            out.append(model(input_ids=ids).logits)
+    return torch.equal(*out)

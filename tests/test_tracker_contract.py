@@ -1,0 +1,124 @@
+"""The tracker protocol (pipelines/core/tracker.py), one set of tests for both trackers: the MLflow one over
+a real store, and the in-memory one the other tests log to. What one does, the other does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from memory_tracker import MemoryTracker
+
+from eval.stats import Verdict, compare
+from pipelines.core.cards import Gate
+from pipelines.core.code import code_version
+from pipelines.core.results import Manifest, Quantized
+from pipelines.core.tracker import ParamsChanged, Tracker
+from pipelines.core.verdicts import BuildVerdict, Decision, Measured
+from quant.execution import Execution
+
+
+@pytest.fixture(params=["memory", pytest.param("mlflow", marks=pytest.mark.integration)])
+def tracker(request, workdir) -> Tracker:
+    if request.param == "memory":
+        return MemoryTracker("m")
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
+
+    return MlflowTracker("m")
+
+
+def _manifest(digest: str = "d1", scheme: str = "a") -> Manifest:
+    result = Quantized(checkpoint="c", checkpoint_bytes=2_000_000, scheme=scheme)
+    return Manifest[Quantized](model="m", precision="bf16", stage="quantize", inputs={}, inputs_digest=digest,
+                               started="2026-12-01T00:00:00", seconds=1.0, versions={}, code=code_version(),
+                               result=result)  # fmt: skip
+
+
+def _stage_folder(tmp_path: Path) -> list[Path]:
+    folder = tmp_path / "stage"
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "manifest.json").write_text("{}")
+    (folder / "stage.log").write_text("a log line\n")
+    (folder / "checkpoint" / "model.safetensors").write_bytes(b"weights")
+    return sorted(folder.iterdir())
+
+
+def _decision(policy: Gate) -> Decision:
+    m = Measured(100.0, 1.0, 0.5, Execution.NATIVE)
+    task = compare("acc", [1.0, 0.0, 1.0], [1.0, 0.0, 1.0], higher_is_better=True)
+    build = BuildVerdict(precision="int8", verdict=Verdict.PASS, rules=[], tasks={"t": task}, speed=m, speedup=1.0)
+    return Decision(model="m", decided="2026-12-01T00:00:00", policy=policy, speed_axis="x", baseline=m,
+                    builds=[build], chosen="int8", why="the only one", code=code_version())  # fmt: skip
+
+
+def test_a_build_has_one_current_run_until_a_new_one_supersedes_it(tracker):
+    assert isinstance(tracker, Tracker)
+    assert tracker.find_run("bf16") is None and tracker.find_run(None) is None  # creates nothing
+    run = tracker.build_run("bf16")
+    assert tracker.build_run("bf16") == run == tracker.find_run("bf16")
+    assert tracker.build_run("int8") != run
+    new = tracker.build_run("bf16", new=True)
+    assert new != run and tracker.find_run("bf16") == new
+
+
+def test_a_logged_stage_is_known_by_its_digest_and_its_files_come_back(tracker, tmp_path):
+    run = tracker.build_run("bf16")
+    assert tracker.logged_digest(run, "quantize") is None
+    tracker.log_stage(run, _manifest("d1"), _stage_folder(tmp_path))
+    assert tracker.logged_digest(run, "quantize") == "d1"
+    got = tracker.download(run, "quantize", tmp_path / "back", skip=("checkpoint",))
+    assert got == tmp_path / "back" / "quantize"
+    assert sorted(p.name for p in got.iterdir()) == ["manifest.json", "stage.log"]  # the checkpoint left out
+    assert (got / "stage.log").read_text() == "a log line\n"
+    assert tracker.has_artifacts(run, "quantize/checkpoint") and not tracker.has_artifacts(run, "bench")
+    assert tracker.download(run, "bench", tmp_path / "none") is None
+    with pytest.raises(ParamsChanged):  # a param holds another value: the build needs a new run
+        tracker.log_stage(run, _manifest("d2", scheme="b"), [])
+    tracker.mark_failed(run, "quantize", "boom")
+    assert tracker.logged_digest(run, "quantize") is None  # failed is not done
+    assert tracker.describe_failure(RuntimeError("x"))
+
+
+def test_a_folder_logged_later_is_an_artifact_with_an_address(tracker, tmp_path):
+    run = tracker.build_run("awq")
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    tracker.log_folder(run, folder, "quantize/checkpoint")
+    assert tracker.has_artifacts(run, "quantize/checkpoint")
+    assert tracker.artifact_uri(run, "quantize/checkpoint").endswith("quantize/checkpoint")
+
+
+def test_the_decision_goes_to_a_summary_run_and_a_changed_policy_starts_another(tracker, tmp_path):
+    tracker.build_run("bf16")
+    tracker.build_run("int8")
+    file = tmp_path / "gate.json"
+    file.write_text("{}")
+    first = _decision(Gate(min_recovery=0.99))
+    tracker.log_verdicts(first)
+    summary = tracker.log_decision(first, file)
+    assert tracker.find_run(None) == summary
+    assert tracker.log_decision(first, file) == summary  # the same policy: the same run
+    changed = tracker.log_decision(_decision(Gate(min_recovery=0.95)), file)
+    assert changed != summary and tracker.find_run(None) == changed
+    assert tracker.download(changed, "gate", tmp_path / "back") is not None
+
+
+def test_the_shipped_build_is_registered_fetched_and_withdrawn(tracker, tmp_path):
+    run = tracker.build_run("int8")
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"a": 1}')
+    tracker.log_folder(run, folder, "quantize/checkpoint")
+    source = tracker.artifact_uri(run, "quantize/checkpoint")
+    assert tracker.shipped() is None
+    registered = tracker.register_ship(run, source, "the only one")
+    assert registered["alias"] == "ship" and registered["source"] == source
+    shipped = tracker.shipped()
+    assert shipped["version"] == registered["version"] and shipped["run_id"] == run and shipped["precision"] == "int8"
+    assert tracker.register_ship(run, source, "again")["version"] == registered["version"]  # the same build
+    got = tracker.download_version("ship", tmp_path / "pulled")
+    assert got["precision"] == "int8" and [p.read_text() for p in (tmp_path / "pulled").rglob("config.json")] == [
+        '{"a": 1}'
+    ]
+    tracker.clear_ship()
+    assert tracker.shipped() is None
