@@ -285,12 +285,14 @@ def run(
 
     Exit status 1 when no quantized build passes the gate.
     """
-    from pipelines.core.registry import STAGES
+    from pipelines.core.registry import get_stage
     from pipelines.run import run_pipeline
 
-    unknown = sorted(set(skip or []) - set(STAGES))
-    if unknown:
-        raise QevalError(f"--skip: unknown stage {', '.join(unknown)}; stages: {', '.join(STAGES)}")
+    for stage in skip or []:
+        try:
+            get_stage(stage)
+        except ValueError as e:
+            raise QevalError(f"--skip: {e}") from None
     card = _only(cards_mod.load_card(model), precision)
     result = run_pipeline(card, _tracker(model), force=force, skip=tuple(skip or ()), ray_address=ray_address)
     out.print(console.builds(result.records, result.decision))

@@ -115,3 +115,12 @@ def test_hub_task_while_offline_says_how_to_supply_it(workdir, cards):
     last = proc.stderr.strip().splitlines()[-1]
     assert "task 'arc_easy' needs its data set from the hub, which is off here" in last
     assert "dataset_path: json" in last
+
+
+def test_an_unknown_stage_to_skip_is_named_with_a_suggestion(workdir):
+    proc = qeval("run", "--model", "ref-lm", "--skip", "serve-bench", QEVAL_WORKDIR=str(workdir))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "qeval: error: --skip: unknown stage 'serve-bench' (did you mean 'serve', 'bench'?); known: quantize, "
+        "evaluate, bench, size, serve"
+    ]

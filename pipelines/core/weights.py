@@ -16,6 +16,8 @@ from pipelines.core.paths import resolve_repo_path
 from pipelines.core.results import Quantized, finished
 
 HUB_TIMEOUT_S = 10.0  # the hub must answer a revision lookup within this
+# safetensors only: a *.bin pickle can run code when loaded.
+_WEIGHT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 
 
 def resolve_weights(card: ModelCard) -> str:
@@ -123,10 +125,6 @@ def offline_env(card: ModelCard) -> dict[str, str]:
     if card.source.path is None or os.environ.get("QEVAL_ALLOW_HUB") == "1":
         return {}
     return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-# safetensors only: a *.bin pickle can run code when loaded.
-_WEIGHT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 
 
 def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
