@@ -71,10 +71,17 @@ def _emit_json(doc: Any, as_json: bool) -> None:
         print(json.dumps(doc, default=str), flush=True)
 
 
+def _builds(card: ModelCard, precisions: list[str] | None, default: list[str]) -> list[str]:
+    """The builds named (`default` when none are), each checked against the card before any work starts."""
+    chosen = precisions or default
+    for p in chosen:
+        card.require_precision(p)
+    return chosen
+
+
 def _only(card: ModelCard, precisions: list[str] | None) -> ModelCard:
     """The card restricted to these builds and its baseline (all of them when None)."""
-    for p in precisions or []:
-        card.require_precision(p)
+    _builds(card, precisions, [])
     if not precisions:
         return card
     return card.model_copy(
@@ -103,9 +110,7 @@ def _run_builds(
 ) -> None:
     """Run one stage for the chosen builds of a card (all checked before any work starts)."""
     card = cards_mod.load_card(model)
-    chosen = precisions or default(card)
-    for p in chosen:
-        card.require_precision(p)
+    chosen = _builds(card, precisions, default(card))
     tracker = _tracker(model)
     _report(model, [stage(card, p, tracker, **options) for p in chosen], as_json)
 
@@ -230,15 +235,8 @@ def size(
     from pipelines.stages import size as size_stage
 
     card = cards_mod.load_card(model)
-    chosen = precision or card.precisions
-    for p in chosen:
-        card.require_precision(p)
+    chosen = _builds(card, precision, card.precisions)
     names = gpu or [g.name for g in gpus.CATALOG]
-    for g in names:
-        try:
-            gpus.get_gpu(g)
-        except ValueError as e:
-            raise QevalError(str(e)) from None
     s = card.speed
     grid = {"batch": batch or s.largest_batch, "input_len": input_len or s.input_len,
             "output_len": output_len or s.output_len}  # fmt: skip

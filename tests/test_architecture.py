@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 from helpers import REPO
 
-from pipelines.core.code import FIRST_PARTY, module_files
+from pipelines.core.code import imported_modules, module_files, source_file
 from pipelines.core.registry import STAGES
 
 # Top first; a module may import its own layer's modules and those of the layers below it.
@@ -38,25 +39,14 @@ def _module(path: Path) -> str:
 
 
 def _imported_names(path: Path) -> set[str]:
-    """Every module a file imports, at the top or inside a function (`from a import b`: a, and a.b)."""
+    """Every module a file imports, first-party or not, at the top or inside a function."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             out.add(node.module)
-            out |= {f"{node.module}.{a.name}" for a in node.names}
     return out
-
-
-def _imports(path: Path) -> set[str]:
-    """Every first-party module a file imports."""
-    return {m for m in _imported_names(path) if m.split(".")[0] in FIRST_PARTY and _is_module(m)}
-
-
-def _is_module(name: str) -> bool:
-    base = REPO.joinpath(*name.split("."))
-    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
 def _layer(module: str) -> tuple[int, str]:
@@ -68,9 +58,11 @@ def _layer(module: str) -> tuple[int, str]:
     return best
 
 
+@cache
 def _graph() -> dict[str, set[str]]:
+    """Module -> the first-party modules it imports (pipelines/core/code.py reads them, as for cache keys)."""
     files = [*LIBRARY, *sorted((REPO / "refmodel").glob("*.py"))]
-    return {_module(p): {m for m in _imports(p) if m != _module(p)} for p in files}
+    return {_module(p): imported_modules(p) - {_module(p)} for p in files}
 
 
 def _upward(graph: dict[str, set[str]]) -> list[str]:
@@ -152,7 +144,7 @@ def test_mlflow_names_are_written_only_in_tracking():
         for p in LIBRARY
         if str(p.relative_to(REPO)) not in writers
         for line, text in _strings(p)
-        if NAME.fullmatch(text) and not FILE.fullmatch(text) and not _is_module(text)
+        if NAME.fullmatch(text) and not FILE.fullmatch(text) and source_file(text) is None
     ]
     assert found == []
 

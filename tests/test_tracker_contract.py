@@ -42,6 +42,13 @@ def _stage_folder(tmp_path: Path) -> list[Path]:
     return sorted(folder.iterdir())
 
 
+def _checkpoint(tmp_path: Path) -> Path:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"a": 1}')
+    return folder
+
+
 def _decision(policy: Gate) -> Decision:
     m = Measured(100.0, 1.0, 0.5, Execution.NATIVE)
     task = compare("acc", [1.0, 0.0, 1.0], [1.0, 0.0, 1.0], higher_is_better=True)
@@ -80,10 +87,7 @@ def test_a_logged_stage_is_known_by_its_digest_and_its_files_come_back(tracker, 
 
 def test_a_folder_logged_later_is_an_artifact_with_an_address(tracker, tmp_path):
     run = tracker.build_run("awq")
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    tracker.log_folder(run, folder, "quantize/checkpoint")
+    tracker.log_folder(run, _checkpoint(tmp_path), "quantize/checkpoint")
     assert tracker.has_artifacts(run, "quantize/checkpoint")
     assert tracker.artifact_uri(run, "quantize/checkpoint").endswith("quantize/checkpoint")
 
@@ -105,10 +109,7 @@ def test_the_decision_goes_to_a_summary_run_and_a_changed_policy_starts_another(
 
 def test_the_shipped_build_is_registered_fetched_and_withdrawn(tracker, tmp_path):
     run = tracker.build_run("int8")
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    (folder / "config.json").write_text('{"a": 1}')
-    tracker.log_folder(run, folder, "quantize/checkpoint")
+    tracker.log_folder(run, _checkpoint(tmp_path), "quantize/checkpoint")
     source = tracker.artifact_uri(run, "quantize/checkpoint")
     assert tracker.shipped() is None
     registered = tracker.register_ship(run, source, "the only one")

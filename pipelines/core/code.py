@@ -24,7 +24,7 @@ FIRST_PARTY = ("quant", "eval", "pipelines", "refmodel")
 _VERSIONED = ["torch", "transformers", "lm_eval", "llmcompressor", "compressed-tensors", "mlflow"]
 
 
-def _file(module: str, root: Path) -> Path | None:
+def source_file(module: str, root: Path = REPO_ROOT) -> Path | None:
     """The source file of a first-party module under `root`, or None (not first-party, or not a module)."""
     if module.split(".")[0] not in FIRST_PARTY:
         return None
@@ -35,7 +35,7 @@ def _file(module: str, root: Path) -> Path | None:
     return None
 
 
-def _imported(path: Path, root: Path) -> set[str]:
+def imported_modules(path: Path, root: Path = REPO_ROOT) -> set[str]:
     """The first-party modules a file imports anywhere in it (`from a import b` counts a.b where b is one)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -43,8 +43,8 @@ def _imported(path: Path, root: Path) -> set[str]:
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names if _file(f"{node.module}.{a.name}", root)}
-    return {m for m in found if _file(m, root)}
+            found |= {f"{node.module}.{a.name}" for a in node.names if source_file(f"{node.module}.{a.name}", root)}
+    return {m for m in found if source_file(m, root)}
 
 
 @cache
@@ -55,12 +55,12 @@ def module_files(module: str, root: Path = REPO_ROOT) -> tuple[Path, ...]:
     todo = [module]
     while todo:
         name = todo.pop()
-        if name in seen or (path := _file(name, root)) is None:
+        if name in seen or (path := source_file(name, root)) is None:
             continue
         seen[name] = path
         parts = name.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages
-        todo += sorted(_imported(path, root))
+        todo += sorted(imported_modules(path, root))
     return tuple(sorted(seen.values()))
 
 

@@ -340,3 +340,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 def finished(model: str, precision: str, kind: type[R]) -> Manifest[R] | None:
     """The build's finished stage of this kind, or None."""
     return read_manifest(stage_dir(model, precision, kind.STAGE), kind)
+
+
+def result_of(model: str, precision: str, kind: type[R]) -> R | None:
+    """The result of the build's finished stage of this kind, or None where it has not run."""
+    done = finished(model, precision, kind)
+    return done.result if done else None

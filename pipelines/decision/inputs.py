@@ -14,7 +14,7 @@ from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.layout import stage_dir
 from pipelines.core.registry import require
-from pipelines.core.results import Benched, Evaluated, Served, Sized, finished
+from pipelines.core.results import Benched, Evaluated, Served, Sized, result_of
 from pipelines.core.verdicts import Measured
 
 
@@ -48,8 +48,7 @@ def _served(card: ModelCard, precision: str) -> Served | None:
     """The build's server sweep (required under the server regime, shown where it exists otherwise)."""
     if card.gate.speed_regime == "server":
         return require(card, precision, Served, "gate")
-    done = finished(card.name, precision, Served)
-    return done.result if done else None
+    return result_of(card.name, precision, Served)
 
 
 def _level(card: ModelCard, precision: str, served: Served) -> LevelMetrics:

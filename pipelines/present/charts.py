@@ -12,7 +12,7 @@ from matplotlib.lines import Line2D
 
 from eval.stats import Verdict
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import Benched, Served, finished
+from pipelines.core.results import Benched, Served, result_of
 from pipelines.core.verdicts import Decision, Measured
 from pipelines.present import formats
 
@@ -32,11 +32,6 @@ def pareto(points: list[tuple[str, float, float]]) -> list[str]:
         if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for _, x2, y2 in points):
             front.append(name)
     return front
-
-
-def _done(card: ModelCard, precision: str, kind):
-    done = finished(card.name, precision, kind)
-    return done.result if done else None
 
 
 def _points(decision: Decision) -> list[tuple[str, str, Measured, tuple[float, float, float]]]:
@@ -135,7 +130,7 @@ def speed_against_batch(card: ModelCard, how: str):
     """Engine bench: decode tokens/s (all users) and TTFT against batch size; emulated builds dashed."""
     fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
     for precision in card.precisions:
-        bench: Benched | None = _done(card, precision, Benched)
+        bench: Benched | None = result_of(card.name, precision, Benched)
         if bench is None:
             continue
         emulated = formats.emulated(bench.engine.execution)
@@ -156,7 +151,7 @@ def latency_against_users(card: ModelCard, how: str):
     fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
     slo = card.speed.slo
     for precision in card.precisions:
-        served: Served | None = _done(card, precision, Served)
+        served: Served | None = result_of(card.name, precision, Served)
         if served is None:
             continue
         for ax, figure in ((left, "ttft_ms_p95"), (right, "tpot_ms_p95")):
@@ -181,7 +176,7 @@ def memory(card: ModelCard, decision: Decision):
     context = card.speed.input_len + card.speed.output_len
     rows = []
     for precision in card.precisions:
-        bench: Benched | None = _done(card, precision, Benched)
+        bench: Benched | None = result_of(card.name, precision, Benched)
         if bench is None:
             continue
         point = bench.at(b)

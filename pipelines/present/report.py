@@ -15,14 +15,13 @@ from pathlib import Path
 from pipelines.core.cards import ModelCard
 from pipelines.core.files import atomic_write
 from pipelines.core.paths import reports_dir
-from pipelines.core.results import Benched, finished
+from pipelines.core.results import Benched, Served, result_of
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
 from pipelines.present import charts
 from pipelines.present.tables import (
     fits_section,
     policy_text,
-    served_result,
     served_section,
     short_table,
     slo_limits,
@@ -35,18 +34,13 @@ KERNELS = (
 )
 
 
-def _bench(card: ModelCard, precision: str) -> Benched | None:
-    done = finished(card.name, precision, Benched)
-    return done.result if done else None
-
-
 def _how(card: ModelCard) -> str:
     """How the speed figures the gate uses were measured: the server (its regime) or the engine bench."""
     return _how_served(card) if card.gate.speed_regime == "server" else _how_bench(card)
 
 
 def _how_bench(card: ModelCard) -> str:
-    base = _bench(card, card.gate.baseline)
+    base = result_of(card.name, card.gate.baseline, Benched)
     if base is None:
         return "engine bench: not run"
     e = base.engine
@@ -57,12 +51,12 @@ def _how_bench(card: ModelCard) -> str:
 
 
 def _engine(card: ModelCard) -> str:
-    served = served_result(card, card.gate.baseline)
+    served = result_of(card.name, card.gate.baseline, Served)
     return f"{served.engine} ({served.engine_version or 'engine'})" if served else f"{card.server.engine} engine"
 
 
 def _how_served(card: ModelCard) -> str:
-    served = served_result(card, card.gate.baseline)
+    served = result_of(card.name, card.gate.baseline, Served)
     if served is None:
         return "server sweep: not run"
     version = f" ({served.engine_version})" if served.engine_version else ""
@@ -145,9 +139,9 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     if decision.policy.prefer == "speed":  # the chart of the deciding quantity first
         quality = dict(reversed(quality.items()))
     figures = dict(quality)
-    if any(served_result(card, p) for p in card.precisions):
+    if any(result_of(card.name, p, Served) for p in card.precisions):
         figures["latency_vs_users.png"] = charts.latency_against_users(card, _how_served(card))
-    if any(_bench(card, p) for p in card.precisions):
+    if any(result_of(card.name, p, Benched) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
     cols = table(card, decision)

@@ -8,14 +8,9 @@ from __future__ import annotations
 from eval.sizing import Fit
 from eval.stats import Verdict
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import Served, Sized, finished
+from pipelines.core.results import Served, Sized, result_of
 from pipelines.core.verdicts import Decision
 from pipelines.present import formats
-
-
-def served_result(card: ModelCard, precision: str) -> Served | None:
-    done = finished(card.name, precision, Served)
-    return done.result if done else None
 
 
 def table(card: ModelCard, decision: Decision) -> dict[str, list]:
@@ -83,7 +78,7 @@ def slo_limits(card: ModelCard) -> list[str]:
     """Per build, how many users the server held within the SLO and what broke it at the next level."""
     slo, lines = card.speed.slo, []
     for p in card.precisions:
-        served = served_result(card, p)
+        served = result_of(card.name, p, Served)
         if served is None:
             continue
         missed = next(((c, m) for c, m in sorted(served.per_level.items()) if not m.meets_slo), None)
@@ -143,7 +138,7 @@ def served_section(card: ModelCard) -> list[str]:
     a difference whose paired interval excludes 0 is called out."""
     rows, found = [], []
     for p in card.precisions:
-        served = served_result(card, p)
+        served = result_of(card.name, p, Served)
         if served is None or served.accuracy is None:
             continue
         for task, c in served.accuracy.vs_offline.items():
@@ -170,7 +165,7 @@ def served_section(card: ModelCard) -> list[str]:
 
 def fits_section(card: ModelCard) -> list[str]:
     """The size stage's fits-on table for the card's target GPUs, as Markdown lines."""
-    sized = [done.result for p in card.precisions if (done := finished(card.name, p, Sized))]
+    sized = [s for p in card.precisions if (s := result_of(card.name, p, Sized))]
     rows = [fit_cells(f) for s in sized for f in s.fits if f.gpu in card.target_gpus]
     if not rows:
         return []

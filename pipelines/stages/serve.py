@@ -25,7 +25,7 @@ from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.net import answers, json_or
 from pipelines.core.procs import running
-from pipelines.core.results import GeneratorCeiling, Served, ServedAccuracy, Sized, StageRecord, VllmSettings, finished
+from pipelines.core.results import GeneratorCeiling, Served, ServedAccuracy, Sized, StageRecord, VllmSettings, result_of
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env
@@ -78,13 +78,11 @@ def vllm_settings(
     length = srv.max_model_len or positions
     if srv.served_accuracy:
         length = max(length, positions + 2)
-    done = finished(card.name, precision, Sized) if device == "cuda" else None
+    sized = result_of(card.name, precision, Sized) if device == "cuda" else None
     return VllmSettings(
         device=device,
         max_model_len=length,
-        tensor_parallel=default_tensor_parallel(card, done.result if done else None, device_name)
-        if device == "cuda"
-        else 1,
+        tensor_parallel=default_tensor_parallel(card, sized, device_name) if device == "cuda" else 1,
         pipeline_parallel=srv.pipeline_parallel,
         kv_cache_dtype=srv.kv_cache_dtype,
         enforce_eager=device == "cpu" if srv.enforce_eager is None else srv.enforce_eager,

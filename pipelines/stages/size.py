@@ -21,7 +21,7 @@ from eval.speed import decode_step_bytes, mid_generation_context
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
-from pipelines.core.results import BenchCheck, Benched, Quantized, Sized, StageRecord, finished
+from pipelines.core.results import BenchCheck, Benched, Quantized, Sized, StageRecord, finished, result_of
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import architecture_config
@@ -47,8 +47,8 @@ def assumptions(card: ModelCard, *, mbu: float = 1.0) -> sizing.Assumptions:
 
 def real_weight_bytes(card: ModelCard, precision: str) -> float | None:
     """The build's weight files in bytes, where its quantize stage has run."""
-    built = finished(card.name, precision, Quantized)
-    return float(built.result.checkpoint_bytes) if built else None
+    built = result_of(card.name, precision, Quantized)
+    return float(built.checkpoint_bytes) if built else None
 
 
 def fits_table(
@@ -61,14 +61,18 @@ def fits_table(
     output_len: int,
     a: sizing.Assumptions,
 ) -> list[sizing.Fit]:
-    """The projection of every precision on every GPU named, at one grid point."""
+    """The projection of every precision on every GPU named, at one grid point; an unknown GPU is one error."""
+    try:
+        chosen = [gpus.get_gpu(name) for name in gpu_names]
+    except ValueError as e:
+        raise QevalError(str(e)) from None
     shape, _ = architecture(card)
     grid = {"batch": batch, "input_len": input_len, "output_len": output_len}
     group = card.quantization.group_size
     return [
-        sizing.fit(shape, p, gpus.get_gpu(name), **grid, group_size=group, weights=real_weight_bytes(card, p), a=a)
+        sizing.fit(shape, p, gpu, **grid, group_size=group, weights=real_weight_bytes(card, p), a=a)
         for p in precisions
-        for name in gpu_names
+        for gpu in chosen
     ]
 
 
