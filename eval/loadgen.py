@@ -2,7 +2,7 @@
 
 Closed loop: at concurrency c, c workers each send their next request as soon as the previous one
 ended, until the level's requests are done. Every request streams; the arrival of each chunk that
-carries text is stamped on one monotonic clock (eval/serving.py turns the stamps into metrics).
+carries tokens is stamped on one monotonic clock (eval/serving.py turns the stamps into metrics).
 Failed and timed-out requests are recorded with their error, never dropped.
 """
 
@@ -72,9 +72,26 @@ def synthetic_prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[str
     return prompts
 
 
-def request_body(cfg: LoadConfig, prompt: str) -> dict:
+def token_prompts(vocab_size: int, n: int, length: int, seed: int = 0, avoid: Sequence[int] = ()) -> list[list[int]]:
+    """`n` prompts of exactly `length` random token ids (fixed seed), none of them in `avoid` (special
+    tokens), for a server started without a tokenizer (vLLM's `--skip-tokenizer-init`): the length is
+    exact by construction, and every prompt differs, so no request reuses another's cached prefix."""
+    rng = random.Random(seed)
+    banned = set(avoid)
+    allowed = [i for i in range(vocab_size) if i not in banned]
+    return [[rng.choice(allowed) for _ in range(length)] for _ in range(n)]
+
+
+Prompt = str | list[int]  # text, or token ids for a server without a tokenizer
+
+
+def request_body(cfg: LoadConfig, prompt: Prompt) -> dict:
     body: dict = {"model": cfg.model, "max_tokens": cfg.output_len, "stream": True, "temperature": 0.0}
-    if cfg.api == "chat":
+    if isinstance(prompt, list):  # token ids: the completions API takes them as the prompt, and streams ids
+        if cfg.api == "chat":
+            raise ValueError("token-id prompts need the completions API, not chat")
+        body |= {"prompt": prompt, "return_token_ids": True}
+    elif cfg.api == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
@@ -86,21 +103,27 @@ def request_body(cfg: LoadConfig, prompt: str) -> dict:
     return body
 
 
-def _text(chunk: dict, api: str) -> str:
+def _tokens(chunk: dict, api: str) -> int:
+    """Tokens a streamed chunk carries: its token ids where the server returns them (a server without a
+    tokenizer streams empty text), else one for a chunk with text."""
     choices = chunk.get("choices") or []
     if not choices:
-        return ""
+        return 0
     c = choices[0]
-    return (c.get("delta") or {}).get("content") or "" if api == "chat" else c.get("text") or ""
+    if c.get("token_ids"):
+        return len(c["token_ids"])
+    text = (c.get("delta") or {}).get("content") if api == "chat" else c.get("text")
+    return 1 if text else 0
 
 
-async def one_request(client, cfg: LoadConfig, prompt: str, concurrency: int, index: int, timeout: float):
+async def one_request(client, cfg: LoadConfig, prompt: Prompt, concurrency: int, index: int, timeout: float):
     """Send one streaming request and stamp its chunks; a failure is a record with `ok=False`."""
     import httpx
 
     path = "/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"
     start = time.perf_counter()
     times: list[float] = []
+    counted = 0
     usage: dict = {}
     try:
         async with asyncio.timeout(timeout):
@@ -115,14 +138,15 @@ async def one_request(client, cfg: LoadConfig, prompt: str, concurrency: int, in
                     if data == "[DONE]":
                         break
                     chunk = json.loads(data)
-                    if _text(chunk, cfg.api):
+                    if n := _tokens(chunk, cfg.api):
                         times.append(time.perf_counter())
+                        counted += n
                     usage = chunk.get("usage") or usage
     except (TimeoutError, httpx.HTTPError, RuntimeError, ValueError) as e:
         why = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
         return RequestRecord(concurrency, index, start, time.perf_counter(), False, error=why[:300])
     end = time.perf_counter()
-    tokens = int(usage.get("completion_tokens") or len(times))
+    tokens = int(usage.get("completion_tokens") or counted)
     if not times:
         return RequestRecord(concurrency, index, start, end, False, error="no tokens streamed")
     return RequestRecord(
@@ -138,40 +162,53 @@ async def one_request(client, cfg: LoadConfig, prompt: str, concurrency: int, in
     )
 
 
-async def run_level(client, cfg: LoadConfig, prompts: Sequence[str], concurrency: int, n: int) -> list[RequestRecord]:
-    """`n` requests with `concurrency` closed-loop workers."""
+def prompts_needed(load: LoadSettings) -> int:
+    """Requests a sweep sends, warm-up included: with this many prompts no request repeats another's, so
+    none is served from the prefix cache a previous one filled."""
+    top = max(load.concurrency)
+    return (1 + top * load.warmup if load.warmup else 0) + sum(c * load.requests_per_user for c in load.concurrency)
+
+
+async def run_level(client, cfg: LoadConfig, prompts: Sequence[Prompt], concurrency: int, n: int,
+                    first: int = 0) -> list[RequestRecord]:  # fmt: skip
+    """`n` requests with `concurrency` closed-loop workers, taking prompts from index `first` on."""
     queue = iter(range(n))
     records: list[RequestRecord] = []
 
     async def worker() -> None:
         for i in queue:  # shared iterator: each index is taken once
-            records.append(await one_request(client, cfg, prompts[i % len(prompts)], concurrency, i, cfg.timeout_s))
+            prompt = prompts[(first + i) % len(prompts)]
+            records.append(await one_request(client, cfg, prompt, concurrency, i, cfg.timeout_s))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return sorted(records, key=lambda r: r.index)
 
 
-async def _sweep(cfg: LoadConfig, prompts: Sequence[str], progress) -> list[RequestRecord]:
+async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress) -> list[RequestRecord]:
     import httpx
 
     limits = httpx.Limits(max_connections=max(cfg.concurrency) + 4, max_keepalive_connections=max(cfg.concurrency))
+    used = 0  # prompts taken so far: each request takes the next one
     async with httpx.AsyncClient(limits=limits, timeout=None) as client:
         if cfg.warmup:  # one request first (it may load the model), then a round at the highest concurrency
             first = await one_request(client, cfg, prompts[0], 0, 0, cfg.warmup_timeout_s)
             if not first.ok:
                 raise RuntimeError(f"warm-up request failed: {first.error}")
             top = max(cfg.concurrency)
-            for r in await run_level(client, cfg, prompts, top, top * cfg.warmup):
+            for r in await run_level(client, cfg, prompts, top, top * cfg.warmup, first=1):
                 if not r.ok:
                     raise RuntimeError(f"warm-up request failed: {r.error}")
+            used = 1 + top * cfg.warmup
         records: list[RequestRecord] = []
         for c in cfg.concurrency:
-            level = await run_level(client, cfg, prompts, c, c * cfg.requests_per_user)
+            level = await run_level(client, cfg, prompts, c, c * cfg.requests_per_user, first=used)
+            used += c * cfg.requests_per_user
             progress(c, level)
             records += level
         return records
 
 
-def sweep(cfg: LoadConfig, prompts: Sequence[str], progress=lambda c, level: None) -> list[RequestRecord]:
-    """Warm up, then every concurrency level in order; the records of every measured request."""
+def sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress=lambda c, level: None) -> list[RequestRecord]:
+    """Warm up, then every concurrency level in order; the records of every measured request (give
+    prompts_needed() prompts, so that none repeats)."""
     return asyncio.run(_sweep(cfg, prompts, progress))

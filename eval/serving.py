@@ -4,7 +4,10 @@ Definitions follow `vllm bench serve`: TTFT is request start to the first stream
 gaps between streamed tokens; TPOT (e2e - TTFT) / (output tokens - 1) per request; throughput counts
 what finished inside the level's wall time, from the first request's start to the last one's end.
 Goodput counts the requests that met every latency objective on their own; a concurrency level meets
-the objective when the 95th percentiles of TTFT and TPOT are within it and no request failed.
+the objective when the 95th percentiles of TTFT and TPOT are within it and no request failed. Where the
+server was held to exact lengths, every request's realised prompt and output token counts are checked
+against what was asked (length_mismatches): a benchmark that silently generated one token measures
+nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class RequestRecord:
     first_token: float | None = None
     output_tokens: int = 0
     prompt_tokens: int | None = None
-    token_times: tuple[float, ...] = field(default=())  # arrival of each chunk that carried text
+    token_times: tuple[float, ...] = field(default=())  # arrival of each chunk that carried tokens
     error: str = ""
 
     @property
@@ -154,6 +157,17 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
     )
 
 
+def length_mismatches(records: Sequence[RequestRecord], input_len: int, output_len: int) -> list[str]:
+    """Each finished request whose realised prompt or output token count is not what was asked, as one
+    line; a server that does not report its prompt's length counts as a mismatch (it cannot be checked)."""
+    bad = []
+    for r in records:
+        if r.ok and (r.prompt_tokens != input_len or r.output_tokens != output_len):
+            bad.append(f"request {r.index} at concurrency {r.concurrency}: {r.prompt_tokens} prompt tokens and "
+                       f"{r.output_tokens} output tokens, asked {input_len} and {output_len}")  # fmt: skip
+    return bad
+
+
 def sweep_metrics(records: Sequence[RequestRecord], slo: Slo) -> dict[int, LevelMetrics]:
     """level_metrics per concurrency level, in increasing concurrency."""
     levels = sorted({r.concurrency for r in records})
@@ -202,4 +216,26 @@ def read_csv(path: Path) -> list[RequestRecord]:
                     error=row["error"],
                 )
             )
+    return out
+
+
+def speedups(base: dict[int, LevelMetrics], build: dict[int, LevelMetrics]) -> dict[int, float]:
+    """Output tokens/s of a build over the baseline's at each number of users both were swept at."""
+    return {
+        c: build[c].output_tps / base[c].output_tps
+        for c in sorted(set(base) & set(build))
+        if build[c].output_tps and base[c].output_tps
+    }
+
+
+def crossovers(ups: dict[int, float]) -> list[tuple[int, str]]:
+    """Where a speed-up crosses 1 between two swept levels: (the first level on the new side, "stops paying
+    off" or "starts paying off"), in increasing users."""
+    out = []
+    levels = sorted(ups)
+    for a, b in itertools.pairwise(levels):
+        if ups[a] > 1 >= ups[b]:
+            out.append((b, "stops paying off"))
+        elif ups[a] <= 1 < ups[b]:
+            out.append((b, "starts paying off"))
     return out

@@ -35,6 +35,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="model card name (see `qeval models`)")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="redo stages even when their inputs are unchanged")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document as the last line")]
+PrecisionsOpt = Annotated[list[str] | None, typer.Option(help="build; repeat for several (default: all)")]
 
 
 @app.callback()
@@ -176,9 +177,7 @@ def evaluate(
 @_guarded
 def bench(
     model: ModelOpt,
-    precision: Annotated[
-        list[str] | None, typer.Option(help="build to measure; repeat for several (default: all)")
-    ] = None,
+    precision: PrecisionsOpt = None,
     no_weights: Annotated[
         bool, typer.Option("--no-weights", help="random weights of the baseline's architecture: speed, memory only")
     ] = False,
@@ -198,9 +197,7 @@ def bench(
 @_guarded
 def serve(
     model: ModelOpt,
-    precision: Annotated[
-        list[str] | None, typer.Option(help="build to serve; repeat for several (default: all)")
-    ] = None,
+    precision: PrecisionsOpt = None,
     url: Annotated[
         str | None, typer.Option(help="drive this running OpenAI-compatible server instead of starting one")
     ] = None,
@@ -219,9 +216,18 @@ def serve(
 
 @app.command()
 @_guarded
+def shape(model: ModelOpt, precision: PrecisionsOpt = None, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
+    """Every precision's speed at the model's real shape with random weights, on vLLM (no weights needed)."""
+    from pipelines.stages.shape import shape as run_shape
+
+    _run_builds(model, precision, lambda c: c.precisions, run_shape, as_json, force=force)
+
+
+@app.command()
+@_guarded
 def size(
     model: ModelOpt,
-    precision: Annotated[list[str] | None, typer.Option(help="precision; repeat for several (default: all)")] = None,
+    precision: PrecisionsOpt = None,
     gpu: Annotated[list[str] | None, typer.Option(help="catalog GPU; repeat for several (default: all)")] = None,
     batch: Annotated[int | None, typer.Option(min=1, help="concurrent sequences (default: the grid's largest)")] = None,
     input_len: Annotated[int | None, typer.Option(min=1, help="prompt tokens (default: the grid's first)")] = None,
@@ -276,12 +282,17 @@ def run(
         str | None,
         typer.Option("--ray", help="run each build's stages as one task on this Ray cluster (host:port, or auto)"),
     ] = None,
+    speed_half: Annotated[
+        bool, typer.Option("--speed-half", help="only the stages that need no weights (shape, size); nothing ships")
+    ] = False,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Every stage of the pipeline for one model card, then the gate and the report.
 
-    Exit status 1 when no quantized build passes the gate.
+    Exit status 1 when no quantized build passes the gate. A card whose weights cannot be had here runs its
+    speed half instead (every precision at the model's shape with random weights, and sizing): nothing is
+    gated, nothing ships, and the exit status is 0.
     """
     from pipelines.core.registry import get_stage
     from pipelines.run import run_pipeline
@@ -292,7 +303,8 @@ def run(
         except ValueError as e:
             raise QevalError(f"--skip: {e}") from None
     card = _only(cards_mod.load_card(model), precision)
-    result = run_pipeline(card, _tracker(model), force=force, skip=tuple(skip or ()), ray_address=ray_address)
+    result = run_pipeline(card, _tracker(model), force=force, skip=tuple(skip or ()), ray_address=ray_address,
+                          speed_half=speed_half)  # fmt: skip
     out.print(console.builds(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
     extra = {
@@ -300,6 +312,10 @@ def run(
         "stages": [r.as_json() for r in result.records],
         "report": [str(p) for p in result.report_files],
     }
+    if result.decision is None:
+        err.print(f"qeval: nothing ships for {model}: {result.speed_half}", highlight=False)
+        _emit_json({**extra, "gate": None, "speed_half": result.speed_half}, as_json)
+        return
     _gate_outcome(result.decision, as_json, extra)
 
 

@@ -6,6 +6,11 @@ degree), then the gate and the report over all builds (pipelines/core/registry.p
 build stage is cached, so a rerun costs seconds; the first stage that fails stops the run with its error,
 and everything done before it stays. With a Ray address each build's stages run as one task instead
 (pipelines/fanout.py).
+
+A card whose base weights cannot be had here (not in the local cache, the hub not reachable), or a run
+asked for its speed half alone (`--speed-half`), runs the stages that need no weights instead: every
+precision timed at the model's shape with random weights (the shape stage), and sized. Its quality needs
+the weights, so nothing ships, and the run says so in one line and in the report.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from pathlib import Path
 
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
-from pipelines.core.registry import STAGES
+from pipelines.core.registry import FULL_RUN, SPEED_HALF, STAGES
 from pipelines.core.results import StageRecord
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
-from pipelines.decision.gate import gate
+from pipelines.core.weights import resolve_weights
+from pipelines.decision.gate import gate, nothing_to_gate
 from pipelines.fanout import run_on_ray
-from pipelines.present.report import report
+from pipelines.present.report import report, speed_report
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +36,18 @@ log = logging.getLogger(__name__)
 @dataclass
 class PipelineResult:
     records: list[StageRecord]
-    decision: Decision
+    decision: Decision | None  # None: the speed half ran alone, and nothing was gated
     report_files: list[Path]
+    speed_half: str | None = None  # why only the speed half ran
+
+
+def weights_missing(card: ModelCard) -> str | None:
+    """Why the card's base weights cannot be had here (one line), or None where they can."""
+    try:
+        resolve_weights(card)
+    except QevalError as e:
+        return str(e)
+    return None
 
 
 def builds_in_order(card: ModelCard) -> list[str]:
@@ -40,22 +56,42 @@ def builds_in_order(card: ModelCard) -> list[str]:
 
 
 def run_pipeline(card: ModelCard, tracker: Tracker, *, force: bool = False, skip: tuple[str, ...] = (),
-                 ray_address: str | None = None) -> PipelineResult:  # fmt: skip
+                 ray_address: str | None = None, speed_half: bool = False) -> PipelineResult:  # fmt: skip
     """Run the pipeline for one card; raise QevalError at the first stage that fails.
 
     `skip`: stages left out. `ray_address`: each build's stages as one task on that Ray cluster
     (pipelines/fanout.py); then a build that fails leaves the others' results, which are gated and
-    reported before the error is raised."""
+    reported before the error is raised. `speed_half`: only the stages that need no weights (also what
+    runs when the weights cannot be had)."""
     builds = builds_in_order(card)
-    stages = [s for s in STAGES if s not in skip]
+    why = "its speed half was asked for alone (--speed-half)" if speed_half else weights_missing(card)
+    if why is not None:
+        return _speed_half(card, tracker, builds, [s for s in SPEED_HALF if s not in skip], why, force)
+    stages = [s for s in FULL_RUN if s not in skip]
     if ray_address:
         return _on_ray(card, tracker, builds, stages, ray_address, force)
+    return _decide(card, tracker, _in_order(card, tracker, builds, stages, force))
+
+
+def _in_order(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str],
+              force: bool) -> list[StageRecord]:  # fmt: skip
+    """Each stage for every build, stage by stage, one at a time on this machine."""
     steps = [(stage, precision) for stage in stages for precision in builds]
     records = []
     for i, (stage, precision) in enumerate(steps, 1):
         log.info("[%d/%d] %s %s@%s", i, len(steps), stage, card.name, precision)
         records.append(STAGES[stage].load()(card, precision, tracker, force=force))
-    return _decide(card, tracker, records)
+    return records
+
+
+def _speed_half(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], why: str,
+                force: bool) -> PipelineResult:  # fmt: skip
+    """The stages that need no weights, for every build; nothing is gated, and the report says why."""
+    log.warning("%s: running its speed half only (%s): %s at the model's shape with random weights, and sizing; "
+                "its quality needs the weights, so nothing ships", card.name, why, ", ".join(builds))  # fmt: skip
+    records = _in_order(card, tracker, builds, stages, force)
+    reason = nothing_to_gate(card, tracker, why)
+    return PipelineResult(records, None, speed_report(card, reason, tracker), speed_half=reason)
 
 
 def _decide(card: ModelCard, tracker: Tracker, records: list[StageRecord]) -> PipelineResult:

@@ -7,6 +7,8 @@ llm-compressor is imported inside the builders, so that reading the registry cos
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 GROUP_SIZE = 128
@@ -65,3 +67,37 @@ def gptq(opts: RecipeOptions) -> list:
     from llmcompressor.modifiers.quantization import GPTQModifier
 
     return [GPTQModifier(config_groups=_groups("W4A16", opts), ignore=opts.ignore)]
+
+
+def saved_config(recipe: list, fmt: str) -> dict:
+    """The `quantization_config` a checkpoint that `recipe` builds saves in compressed-tensors format `fmt`,
+    resolved from the recipe's quantizing modifier without data (quant/shape.py)."""
+    from compressed_tensors import __version__
+    from compressed_tensors.quantization import QuantizationStatus
+
+    resolving = [m for m in recipe if hasattr(m, "resolved_config")]
+    if len(resolving) != 1:
+        raise ValueError(f"the recipe has {len(resolving)} quantizing modifiers, not one")
+    config = resolving[0].resolved_config.model_copy(deep=True)
+    for group in config.config_groups.values():
+        group.format = fmt
+    config.format = fmt
+    config.quantization_status = QuantizationStatus.COMPRESSED
+    # the keys compressed-tensors' compressor adds when it saves a checkpoint (no sparsity, no transform)
+    return config.model_dump(mode="json") | {"sparsity_config": {}, "transform_config": {}, "version": __version__}
+
+
+def import_quietly() -> None:
+    """llm-compressor in this process, its logger off: on import it warns that there is no GPU, which is
+    true and beside the point where only a recipe's config is read (the quantize stage runs it in a child)."""
+    if "llmcompressor" in sys.modules:
+        return
+    before = os.environ.get("LLM_COMPRESSOR_LOG_DISABLED")
+    os.environ["LLM_COMPRESSOR_LOG_DISABLED"] = "true"  # read once, when it configures its logger on import
+    try:
+        import llmcompressor  # noqa: F401
+    finally:
+        if before is None:
+            del os.environ["LLM_COMPRESSOR_LOG_DISABLED"]
+        else:
+            os.environ["LLM_COMPRESSOR_LOG_DISABLED"] = before

@@ -21,6 +21,7 @@ def test_sizes_counts_and_times_read_in_sensible_units():
     assert present.count(1024) == "1,024"
     assert present.ms(0.00154) == "< 0.01"
     assert present.ms(12.345) == "12.3"
+    assert present.ms(2341.7) == "2,342"
 
 
 def test_a_precision_has_one_colour_and_precisions_differ():

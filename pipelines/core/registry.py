@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from pipelines.core.errors import QevalError
-from pipelines.core.results import Benched, Evaluated, Quantized, Served, Sized, StageResult, finished
+from pipelines.core.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult, finished
 from quant.registry import lookup
 
 if TYPE_CHECKING:
@@ -40,6 +40,10 @@ class StageSpec:
     """A quantized build's run of it reads the baseline's (recovery, speed-up): the baseline's comes first."""
     judged: bool
     """The gate and the report read it (and read it back from the tracking store where this machine lacks it)."""
+    needs_weights: bool = True
+    """It reads the build's weights; the speed half of a card whose weights are not reachable runs the others."""
+    full_run: bool = True
+    """`qeval run` runs it for a card whose weights are reachable."""
 
     @property
     def module(self) -> str:
@@ -57,11 +61,27 @@ STAGES: dict[str, StageSpec] = {
         StageSpec("quantize", Quantized, "pipelines.stages.quantize:quantize", "quantize", "quantize", False, False),
         StageSpec("evaluate", Evaluated, "pipelines.stages.evaluate:evaluate", "evaluate", "evaluate", True, True),
         StageSpec("bench", Benched, "pipelines.stages.bench:bench", "bench", "bench", True, True),
-        StageSpec("size", Sized, "pipelines.stages.size:size", "size --log", "size", False, True),
+        # random weights at the model's shape: what runs where the weights do not, never beside them
+        StageSpec(
+            "shape",
+            AtShape,
+            "pipelines.stages.shape:shape",
+            "shape",
+            "shape",
+            False,
+            True,
+            needs_weights=False,
+            full_run=False,
+        ),
+        StageSpec("size", Sized, "pipelines.stages.size:size", "size --log", "size", False, True, needs_weights=False),
         StageSpec("serve", Served, "pipelines.stages.serve:serve", "serve", "serve", False, True),
     )
 }
 JUDGED = tuple(name for name, s in STAGES.items() if s.judged)
+FULL_RUN = tuple(name for name, s in STAGES.items() if s.full_run)
+"""What `qeval run` runs for a card whose weights are reachable, in order."""
+SPEED_HALF = tuple(name for name, s in STAGES.items() if not s.needs_weights)
+"""What it runs for a card whose weights are not: the stages that need none."""
 
 
 def get_stage(name: str) -> StageSpec:

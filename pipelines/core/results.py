@@ -160,6 +160,7 @@ class VllmSettings(BaseModel):
     gpu_memory_utilization: float = 0.9
     positions: int | None = None  # the model's positions, where max_model_len goes beyond them
     seed: int = 0
+    random_weights: bool = False  # a shape build: vLLM's dummy loader, no tokenizer (prompts are token ids)
 
 
 class LinearKernel(BaseModel):
@@ -244,6 +245,43 @@ class Served(StageResult):
         return f"{engine}: {self.max_users_at_slo} users at the SLO; {levels}; {self.failed_requests} failed{served}"
 
 
+class Probe(Record):
+    """A short run at one user before the sweep, for a build that may be far too slow to sweep."""
+
+    output_len: int = Field(description="output tokens of the probe's requests")
+    ttft_ms: float | None
+    tpot_ms: float | None
+    too_slow: bool = Field(description="beyond PROBE_MARGIN x the SLO at one user: recorded, not swept")
+    why: str
+
+
+class DecodeCeiling(Record):
+    """Decode at one user measured against the bandwidth ceiling of the device it ran on (eval/speed.py)."""
+
+    device: str = Field(description="where it ran: a GPU's name, or the CPU and its cores")
+    step_bytes: float = Field(description="bytes a decode step reads at one user, mid-generation")
+    bandwidth_gb_s: float
+    bandwidth_source: str
+    ceiling_tps: float = Field(description="decode steps per second if every step read at that bandwidth")
+    measured_tps: float | None = Field(description="1 / median TPOT at one user")
+    measured_over_ceiling: float | None
+
+
+class AtShape(Served):
+    """Every precision timed at a real model's shape with random weights (quant/shape.py): a server sweep
+    whose figures are the format's and the kernels', never a real checkpoint's."""
+
+    STAGE: ClassVar[str] = "shape"
+
+    weights: str = Field(description="where the figures come from: random weights at the shape of <model>")
+    shape_config: str = Field(description="the architecture the shape build was made from")
+    probe: Probe | None = Field(None, description="the one-user probe, where the build was too slow to sweep")
+    ceiling: DecodeCeiling | None = None
+
+    def headline(self) -> str:
+        return f"{self.weights}: {super().headline()}"
+
+
 class BenchCheck(Record):
     """The projection for the bench's own device beside its measured decode speed (batch 1)."""
 
@@ -268,6 +306,9 @@ class Sized(StageResult):
     assumptions: Assumptions
     fits: list[Fit]
     bench_check: BenchCheck | None = None
+    shape_check: DecodeCeiling | None = Field(
+        None, description="the shape stage's decode at one user against its device's ceiling, for this format"
+    )
 
     def headline(self) -> str:
         return ", ".join(f"{f.gpu}: {'fits' if f.fits else 'does not fit'}" for f in self.fits)

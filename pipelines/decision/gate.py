@@ -150,3 +150,12 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
         log.warning("%s: nothing ships: %s", card.name, decision.why)
     tracker.log_decision(decision, write_decision(decision))
     return decision
+
+
+def nothing_to_gate(card: ModelCard, tracker: Tracker, why: str) -> str:
+    """A card whose quality was not measured (its weights were not had): nothing ships, alias `ship` is
+    cleared; returns the reason, as the report and the command line say it."""
+    reason = f"its quality needs the model's weights and none were evaluated here ({why})"
+    tracker.clear_ship()
+    log.warning("%s: nothing ships: %s", card.name, reason)
+    return reason

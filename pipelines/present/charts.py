@@ -10,9 +10,10 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
+from eval.serving import speedups
 from eval.stats import Verdict
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import Benched, Served, result_of
+from pipelines.core.results import AtShape, Benched, Served, result_of
 from pipelines.core.verdicts import Decision, Measured
 from pipelines.present import formats
 
@@ -165,6 +166,28 @@ def latency_against_users(card: ModelCard, how: str):
         _steps(ax, card.speed.concurrency, "concurrent users")
     left.legend(fontsize=8)
     fig.suptitle(f"{card.name}: server latency against concurrent users\n{how}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def shape_speed(card: ModelCard, shaped: dict[str, AtShape], how: str):
+    """The shape stage: TPOT p50 against users, and the speed-up over the baseline against users, per
+    precision (random weights at the model's shape; `shaped` the baseline's first)."""
+    fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
+    base = shaped.get(card.gate.baseline)
+    for p, r in shaped.items():
+        emulated = formats.emulated(r.execution)
+        _line(left, p, [(c, m.tpot_ms_p50) for c, m in r.per_level.items()], emulated)
+        if base is not None:
+            _line(right, p, list(speedups(base.per_level, r.per_level).items()), emulated)
+    left.axhline(card.speed.slo.tpot_ms, color="black", lw=1, ls=":")
+    left.set_ylabel("TPOT p50, ms")
+    right.axhline(1.0, color="black", lw=1, ls=":")
+    right.set_ylabel(f"output tokens/s over {card.gate.baseline}'s")
+    for ax in (left, right):
+        _steps(ax, card.speed.concurrency, "concurrent users")
+    left.legend(fontsize=8)
+    fig.suptitle(f"{card.name}: speed at its shape, random weights\n{how}", fontsize=9)
     fig.tight_layout()
     return fig
 

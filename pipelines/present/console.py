@@ -25,17 +25,20 @@ def records(rows: list[StageRecord]) -> Table:
     return table
 
 
-def builds(rows: list[StageRecord], decision: Decision) -> Table:
-    """`qeval run`'s closing table: one row per build, each stage's time (or "cached"), the verdict."""
+def builds(rows: list[StageRecord], decision: Decision | None) -> Table:
+    """`qeval run`'s closing table: one row per build, each stage's time (or "cached"), the verdict (none
+    where only the speed half ran)."""
     stages = list(dict.fromkeys(r.stage for r in rows))
-    verdicts = {b.precision: b.verdict + (", ships" if b.precision == decision.chosen else "") for b in decision.builds}
-    table = Table(title=f"{decision.model}: stages per build (time, or cached when inputs were unchanged)")
+    verdicts = {b.precision: b.verdict + (", ships" if b.precision == decision.chosen else "")
+                for b in (decision.builds if decision else [])}  # fmt: skip
+    model = rows[0].model if rows else (decision.model if decision else "")
+    table = Table(title=f"{model}: stages per build (time, or cached when inputs were unchanged)")
     for col in ("build", *stages, "verdict"):
         table.add_column(col)
     for precision in dict.fromkeys(r.precision for r in rows):
         cells = {r.stage: progress.duration(r.seconds) if r.status == "done" else "cached" for r in rows
                  if r.precision == precision}  # fmt: skip
-        verdict = verdicts.get(precision, "baseline")
+        verdict = verdicts.get(precision, "baseline" if decision else "not gated (speed half)")
         table.add_row(precision, *(cells.get(st, "") for st in stages), verdict)
     return table
 

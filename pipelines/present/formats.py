@@ -43,8 +43,10 @@ def count(n: float, cap: float = 10_000) -> str:
 
 
 def ms(value: float) -> str:
-    """Milliseconds at a readable precision: 0.0015 -> "< 0.01", 12.345 -> "12.3"."""
-    return "< 0.01" if value < 0.01 else f"{value:.3g}"
+    """Milliseconds at a readable precision: 0.0015 -> "< 0.01", 12.345 -> "12.3", 2341.7 -> "2,342"."""
+    if value < 0.01:
+        return "< 0.01"
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
 
 
 def users_count(n: int) -> str:

@@ -18,7 +18,7 @@ from pipelines.core.paths import reports_dir
 from pipelines.core.results import Benched, Served, result_of
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
-from pipelines.present import charts
+from pipelines.present import charts, shapes
 from pipelines.present.tables import (
     fits_section,
     policy_text,
@@ -152,5 +152,22 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
     history = {"decided": [decision.decided] * len(cols["build"]), **cols}
     tracker.log_report(figures, {"gate_table.json": history}, [md])
+    charts.close(figures.values())
+    return [out / name for name in figures] + [md]
+
+
+def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
+    """The speed half's report (present/shapes.py) in reports/<model>/, logged to the model's summary run."""
+    out = reports_dir(card.name)
+    out.mkdir(parents=True, exist_ok=True)
+    shaped = shapes.results(card)
+    figures = {"speed_at_shape.png": charts.shape_speed(card, shaped, shapes.how(card, shaped))} if shaped else {}
+    for name, fig in figures.items():
+        _save_fig(fig, out / name)
+    md = out / "report.md"
+    lines = shapes.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
+    lines += ["", *(f"![{n}]({n})" for n in figures), ""]
+    atomic_write(md, "\n".join(lines))
+    tracker.log_report(figures, {}, [md])
     charts.close(figures.values())
     return [out / name for name in figures] + [md]

@@ -97,7 +97,10 @@ def vllm_command(
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint]
     cmd += ["--host", "127.0.0.1", "--port", port, "--max-model-len", str(s.max_model_len), "--seed", str(s.seed)]
     cmd += ["--disable-uvicorn-access-log"]  # not one line per request
-    cmd += ["--load-format", "safetensors"]  # never a pickle, which can run code when loaded
+    if s.random_weights:  # a shape build (quant/shape.py): random weights from its config, no tokenizer
+        cmd += ["--load-format", "dummy", "--skip-tokenizer-init"]
+    else:
+        cmd += ["--load-format", "safetensors"]  # never a pickle, which can run code when loaded
     env: dict[str, str] = {}
     if s.tensor_parallel > 1:
         cmd += ["--tensor-parallel-size", str(s.tensor_parallel)]

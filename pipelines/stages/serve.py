@@ -5,35 +5,32 @@ The server is vLLM wherever it is installed (card `server.engine: auto`; engines
 `transformers serve --continuous-batching`, or one the user runs (`--url`). It binds a free port on
 127.0.0.1, its log is kept, and it is stopped with everything it started on every way out. Which linear
 kernel vLLM chose for each quantized layer type is read from its log and says how the figures ran
-(quant/execution.py). The load generator (eval/loadgen.py) measures its own ceiling against a minimal local
-streaming endpoint (eval/stream_stub.py) in the same stage, so that a slow generator cannot pass for a slow
-server.
+(quant/execution.py). The sweep itself is sweep.py's: the load generator (eval/loadgen.py) measures its own
+ceiling against a minimal local streaming endpoint in the same stage, so that a slow generator cannot pass
+for a slow server, and every request's realised lengths are checked.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import eval.loadgen as loadgen
 import eval.serving as serving
-import eval.stream_stub as stream_stub
 from eval.accuracy import AccuracyConfig
 from eval.gpus import get_gpu, gpu_for_device
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
-from pipelines.core.net import answers, json_or
+from pipelines.core.net import json_or
 from pipelines.core.procs import running
-from pipelines.core.results import GeneratorCeiling, Served, ServedAccuracy, Sized, StageRecord, VllmSettings, result_of
+from pipelines.core.results import Served, ServedAccuracy, Sized, StageRecord, VllmSettings, result_of
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env
-from pipelines.stages import engines, served_accuracy
+from pipelines.stages import engines, served_accuracy, sweep
 from quant.execution import Device, Execution
 
 log = logging.getLogger(__name__)
-CEILING_OUTPUT = 256  # chunks per request against the stub
 EXACT_LENGTH = {"vllm": "ignore_eos", "transformers": "generation_config"}  # how each engine is held to a length
 
 
@@ -89,21 +86,6 @@ def vllm_settings(
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
         positions=positions if length > positions else None,
     )
-
-
-def generator_ceiling(work: Path, concurrency: int, requests_per_user: int) -> GeneratorCeiling:
-    """Streamed chunks per second the generator takes in from an endpoint that answers instantly."""
-    cmd = [sys.executable, "-m", stream_stub.__name__, "--port", "{port}"]
-    with running(cmd, work / "stub.log", 60, "the stub endpoint") as url:
-        cfg = loadgen.LoadConfig(
-            url=url, model="stub", api="completions", concurrency=[concurrency], requests_per_user=requests_per_user,
-            warmup=1, input_len=1, output_len=CEILING_OUTPUT, timeout_s=60,
-        )  # fmt: skip
-        records = loadgen.sweep(cfg, ["x"])
-    ok = [r for r in records if r.ok]
-    span = max(r.end for r in records) - min(r.start for r in records)
-    chunks = sum(len(r.token_times) for r in ok)
-    return GeneratorCeiling(chunks_per_s=chunks / span, concurrency=concurrency, failed=len(records) - len(ok))
 
 
 def serve(
@@ -179,66 +161,35 @@ def _sweep(
     its environment, unless `url` is given), and score it with lm-eval where `scored` says how."""
     from transformers import AutoTokenizer
 
+    label = f"{card.name}@{precision}"
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=card.source.trust_remote_code)
-    prompts = loadgen.synthetic_prompts(tokenizer, 16, load.input_len)
+    prompts = loadgen.synthetic_prompts(tokenizer, loadgen.prompts_needed(load), load.input_len)
     top = 4 * max(load.concurrency)
-    ceiling = generator_ceiling(out, top, 4)
+    ceiling = sweep.generator_ceiling(out, top, 4)
     log.info("load generator ceiling: %.0f chunks/s at concurrency %d", ceiling.chunks_per_s, top)
     slo = serving.Slo(card.speed.slo.ttft_ms, card.speed.slo.tpot_ms)
-
-    def level_done(c: int, level: list[serving.RequestRecord]) -> None:
-        m = serving.level_metrics(level, slo)
-        log.info(
-            "%s@%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s",
-            card.name, precision, c, m.requests, m.failed, m.ttft_ms_p50 or float("nan"),
-            m.tpot_ms_p50 or float("nan"), m.output_tps or 0.0,
-        )  # fmt: skip
-        if m.bursts:
-            log.warning("%s@%s concurrency %d: %d requests arrived in one burst, not streamed: their TPOT is not "
-                        "measured and the level is not counted as meeting the SLO; rerun with --force",
-                        card.name, precision, c, m.bursts)  # fmt: skip
-
-    def sweep(base_url: str) -> list[serving.RequestRecord]:
-        model = served_model(base_url, checkpoint) if url else checkpoint
-        try:
-            cfg = loadgen.LoadConfig(url=base_url, model=model, **load.model_dump())
-            return loadgen.sweep(cfg, prompts, level_done)
-        except RuntimeError as e:
-            where = f"the server at {url}" if url else f"the server's log {out / 'server.log'}"
-            raise QevalError(f"{card.name}@{precision} server: {e}; check {where}") from None
-
-    def alive(base_url: str, records: list[serving.RequestRecord]) -> None:
-        """The rule: failed requests from a server that still answers are data (the level misses the SLO);
-        a server that stopped answering during the sweep fails the stage, which is then not cached."""
-        if answers(base_url):
-            return
-        serving.write_csv(records, out / "requests.csv")  # kept in the failed folder
-        failed = sum(not r.ok for r in records)
-        where = f"the server at {url}" if url else f"its log {out / 'server.log'}"
-        raise QevalError(f"{card.name}@{precision}: the server stopped answering during the sweep ({failed} of "
-                         f"{len(records)} requests failed); see {where}; rerun when it is fixed")  # fmt: skip
+    where = f"the server at {url}" if url else f"its log {out / 'server.log'}"
 
     scores: ServedAccuracy | None = None
     if launch is None:
-        records = sweep(url or "")
-        alive(url or "", records)
+        model = served_model(url or "", checkpoint)
+        records = sweep.run_levels(label, url or "", model, load, prompts, slo, where)
+        sweep.check_alive(label, url or "", records, out, where)
     else:
         cmd, env = launch
-        what = f"{engine} serve for {card.name}@{precision}"
+        what = f"{engine} serve for {label}"
         log.info("starting %s (log: %s)", what, out / "server.log")
         with running(cmd, out / "server.log", card.server.start_timeout_s, what, {**offline_env(card), **env}) as base:
-            records = sweep(base)
-            alive(base, records)
+            records = sweep.run_levels(label, base, checkpoint, load, prompts, slo, where)
+            sweep.check_alive(label, base, records, out, where)
             if scored is not None:
-                log.info("%s@%s: lm-eval %s against the server", card.name, precision, ", ".join(scored.tasks))
+                log.info("%s: lm-eval %s against the server", label, ", ".join(scored.tasks))
                 scores = served_accuracy.score(card, scored, base, out)
     serving.write_csv(records, out / "requests.csv")
-    served = _served(engine, load, card, records, slo, ceiling)
+    served = Served(engine=engine, execution=Execution.UNKNOWN, load=load,
+                    **sweep.levels_summary(card, records, slo, ceiling))  # fmt: skip
     if settings is not None:
-        kernels = engines.kernels_from_log((out / "server.log").read_text(errors="replace"), precision, device)
-        how = engines.served_execution(precision, device, kernels)
-        chosen = ", ".join(f"{k.kernel} for {k.method}" for k in kernels) or "none reported (unquantized)"
-        log.info("%s@%s: vLLM's linear kernels: %s (%s)", card.name, precision, chosen, how)
+        kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
         served = served.model_copy(update={"vllm": settings, "kernels": kernels, "execution": how})
     elif engine == "transformers":
         served = served.model_copy(update={"execution": engines.transformers_execution(precision, device)})
@@ -249,32 +200,3 @@ def _transformers(card: ModelCard, checkpoint: str, load: loadgen.LoadSettings, 
     return engines.transformers_command(checkpoint, card.source.trust_remote_code, device=device.kind,
                                         max_sequences=max(load.concurrency), input_len=load.input_len,
                                         output_len=load.output_len)  # fmt: skip
-
-
-def _served(
-    engine: str,
-    load: loadgen.LoadSettings,
-    card: ModelCard,
-    records: list[serving.RequestRecord],
-    slo: serving.Slo,
-    ceiling: GeneratorCeiling,
-) -> Served:
-    per_level = serving.sweep_metrics(records, slo)
-    peak = max((m.output_tps or 0.0 for m in per_level.values()), default=0.0)
-    bound = ceiling.chunks_per_s < 10 * peak
-    if bound:
-        log.warning(
-            "the load generator's ceiling (%.0f chunks/s) is under 10x the server's peak %.0f tokens/s: "
-            "its figures may be the generator's", ceiling.chunks_per_s, peak,
-        )  # fmt: skip
-    return Served(
-        engine=engine,
-        execution=Execution.UNKNOWN,
-        load=load,
-        slo=card.speed.slo,
-        per_level=per_level,
-        max_users_at_slo=serving.max_users_at_slo(per_level),
-        failed_requests=sum(m.failed for m in per_level.values()),
-        generator_ceiling=ceiling,
-        generator_bound=bound,
-    )

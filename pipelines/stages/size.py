@@ -5,7 +5,9 @@ checkpoint's config.json; nothing is downloaded). Weights are the build's real w
 its quantize stage has run, else the precision's bytes per weight at the card's group size; KV entries
 take the bytes of the KV-cache dtype the card serves. The GPUs are the card's target GPUs and those its
 gate requires a fit on. Where the build was benchmarked, the projection for the benchmark's own device
-(its bandwidth, its resident bytes) is set beside the measured decode speed.
+(its bandwidth, its resident bytes) is set beside the measured decode speed; where its format was timed at
+the model's shape (the shape stage), that measurement's share of its device's ceiling is kept beside the
+projections, which assume the ceiling.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from eval.speed import decode_step_bytes, mid_generation_context
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
-from pipelines.core.results import BenchCheck, Benched, Quantized, Sized, StageRecord, finished, result_of
+from pipelines.core.results import AtShape, BenchCheck, Benched, Quantized, Sized, StageRecord, finished, result_of
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import architecture_config
@@ -97,6 +99,7 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
     s, group, a = card.speed, card.quantization.group_size, assumptions(card)
     weights = real_weight_bytes(card, precision)
     bench = finished(card.name, precision, Benched)
+    at_shape = finished(card.name, precision, AtShape)
     inputs = {
         "config": file_digest([config]),
         "weights": weights,
@@ -105,6 +108,7 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
         "group_size": group,
         "assumptions": asdict(a),
         "bench": [bench.inputs_digest, bench.started] if bench else None,  # a forced rerun counts too
+        "shape": [at_shape.inputs_digest, at_shape.started] if at_shape else None,
     }
 
     def work(out: Path) -> Sized:
@@ -129,6 +133,7 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
             assumptions=a,
             fits=fits,
             bench_check=bench_check(bench.result if bench else None),
+            shape_check=at_shape.result.ceiling if at_shape else None,
         )
 
     return run_stage(tracker, precision, Sized, inputs, work, force=force)

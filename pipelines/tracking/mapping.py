@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eval.stats import Verdict
-from pipelines.core.results import Benched, CodeVersion, Evaluated, Quantized, Served, Sized, StageResult
+from pipelines.core.results import AtShape, Benched, CodeVersion, Evaluated, Quantized, Served, Sized, StageResult
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured
 from pipelines.present import formats
 from pipelines.tracking.names import (
@@ -54,6 +54,11 @@ from pipelines.tracking.tables import (
     SERVE_METRICS,
     SERVE_PARAMS,
     SERVE_SERIES,
+    SHAPE_LOAD_SETTINGS,
+    SHAPE_METRICS,
+    SHAPE_PARAMS,
+    SHAPE_SERIES,
+    SHAPE_VLLM_SETTINGS,
     SIZE_GPU_FIGURES,
     SIZE_METRICS,
     SIZE_PARAMS,
@@ -121,6 +126,13 @@ def logged(result: StageResult) -> Logged:
             series = {n: [(p.batch, v) for p in points if (v := get(p)) is not None] for n, get in BENCH_SERIES.items()}
             params = _settings(result.config, ENGINE_SETTINGS) | _params(BENCH_PARAMS, result)
             return Logged(_numbers(BENCH_METRICS, result), series, params)
+        case AtShape():  # before Served, which it extends: its figures are random weights', under shape/*
+            levels = result.per_level.items()
+            series = {
+                n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None] for n, get in SHAPE_SERIES.items()
+            }
+            params = _settings(result.load, SHAPE_LOAD_SETTINGS) | _settings(result.vllm, SHAPE_VLLM_SETTINGS)
+            return Logged(_finite(_numbers(SHAPE_METRICS, result)), series, params | _params(SHAPE_PARAMS, result))
         case Served():
             levels = result.per_level.items()
             series = {

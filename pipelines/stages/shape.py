@@ -1,0 +1,211 @@
+"""The shape stage: one precision's speed at the model's real shape, with random weights, on vLLM.
+
+For a card whose weights cannot be had here (or that asks for it, `qeval shape`), each precision gets a
+shape build (quant/shape.py: the model's config.json with that precision's own quantization_config, no
+weights) that vLLM serves with its dummy loader and no tokenizer; the load generator sends random token ids
+of exactly the grid's input length, forces the output length, and checks both on every request (sweep.py).
+vLLM picks its kernels as for a real checkpoint, and the stage records which. A build that a short probe at
+one user shows to be far outside the objective (FP8 emulated on a CPU: seconds per token) is recorded with
+the probe's figures as holding no users, and not swept, so that no level runs for hours. Every figure is
+labelled as random weights at the model's shape, logged under `shape/*`, apart from a real checkpoint's
+`server/*`.
+
+Beside the sweep, decode at one user is set against the device's bandwidth ceiling for the bytes a decode
+step of that format reads (eval/speed.py), which the size stage states beside its projections.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import eval.loadgen as loadgen
+import eval.serving as serving
+import eval.sizing as sizing
+from eval.engine import measure_copy_bandwidth
+from eval.gpus import peak_bandwidth
+from eval.speed import decode_step_bytes, mid_generation_context
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.files import file_digest
+from pipelines.core.paths import REPO_ROOT, resolve_repo_path
+from pipelines.core.procs import running
+from pipelines.core.results import AtShape, DecodeCeiling, Probe, StageRecord, VllmSettings
+from pipelines.core.runner import run_stage
+from pipelines.core.tracker import Tracker
+from pipelines.core.weights import architecture_config
+from pipelines.stages import engines, sweep
+from quant.recipes import RecipeOptions
+from quant.shape import has_tokenizer, quantization_config, write_shape_build
+
+log = logging.getLogger(__name__)
+PROBE_TOKENS = 4
+"""Output tokens of each probe request (three gaps give its TPOT)."""
+PROBE_MARGIN = 4.0
+"""A build whose probe at one user is beyond this multiple of the SLO's TTFT or TPOT is not swept: it cannot
+meet the objective at any load, and its levels would take hours. A build slower than the objective by less
+is still swept, so that its speed-up over the baseline is measured at every level."""
+PROBE_TIMEOUT_S = 300.0
+
+
+def label_of(card: ModelCard) -> str:
+    """What every figure of the stage is: random weights at the shape of the card's model."""
+    return f"random weights at the shape of {card.source.hub_id or card.name}"
+
+
+def context_for(card: ModelCard, positions: int | None) -> int:
+    """vLLM's context per sequence: the card's, else what the grid needs (its longest prompt and output),
+    within the model's positions; never the whole context of a long-context model, whose KV cache for one
+    sequence could take the cache space the batch needs."""
+    if card.server.max_model_len:
+        return card.server.max_model_len
+    needed = max(card.speed.input_lengths) + max(card.speed.output_lengths) + 8
+    return min(needed, positions) if positions else needed
+
+
+def _special_ids(arch: dict) -> list[int]:
+    ids = []
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = arch.get(key)
+        ids += value if isinstance(value, list) else [value] if isinstance(value, int) else []
+    return ids
+
+
+def device_label(device: str, device_name: str | None) -> str:
+    return device_name if device == "cuda" and device_name else f"a CPU with {os.cpu_count()} cores"
+
+
+def _bandwidth(device: str, device_name: str | None) -> tuple[float, str]:
+    """The device's bandwidth ceiling in bytes/s, and where it came from."""
+    if device == "cuda" and device_name and (peak := peak_bandwidth(device_name)):
+        return peak, "data sheet"
+    return measure_copy_bandwidth(megabytes=512, repeats=10), "measured (512 MB memory copy, best of 10)"
+
+
+def decode_ceiling(shape: sizing.Shape, precision: str, group_size: int, kv_dtype_bytes: int,
+                   load: loadgen.LoadSettings, bandwidth: tuple[float, str], tpot_ms: float | None,
+                   device: str) -> DecodeCeiling:  # fmt: skip
+    """Measured decode at one user over the ceiling that bandwidth sets for the bytes a step reads."""
+    weights = sizing.weight_bytes(shape, precision, group_size)
+    context = mid_generation_context(load.input_len, load.output_len)
+    step = decode_step_bytes(weights, shape.embedding_table_bytes, shape.kv_bytes_per_token(kv_dtype_bytes), 1,
+                             context)  # fmt: skip
+    ceiling = bandwidth[0] / step
+    measured = 1000 / tpot_ms if tpot_ms else None
+    return DecodeCeiling(device=device, step_bytes=step, bandwidth_gb_s=bandwidth[0] / 1e9,
+                         bandwidth_source=bandwidth[1], ceiling_tps=ceiling, measured_tps=measured,
+                         measured_over_ceiling=measured / ceiling if measured else None)  # fmt: skip
+
+
+def probe_verdict(record: serving.RequestRecord, slo: serving.Slo) -> Probe:
+    """Whether one warm request at one user puts the build far outside the objective."""
+    ttft = 1000 * record.ttft if record.ok and record.ttft is not None else None
+    tpot = 1000 * record.tpot if record.ok and record.tpot is not None else None
+    if ttft is None:
+        return Probe(output_len=record.output_tokens, ttft_ms=None, tpot_ms=None, too_slow=True,
+                     why=f"the probe request failed ({record.error or 'no tokens'})")  # fmt: skip
+    over = []
+    if ttft > PROBE_MARGIN * slo.ttft_ms:
+        over.append(f"TTFT {ttft:.0f} ms > {PROBE_MARGIN:g} x {slo.ttft_ms:g} ms")
+    if tpot is not None and tpot > PROBE_MARGIN * slo.tpot_ms:
+        over.append(f"TPOT {tpot:.0f} ms > {PROBE_MARGIN:g} x {slo.tpot_ms:g} ms")
+    why = ("at one user " + " and ".join(over) + ": holds no users within the objective; not swept") if over else (
+        "near enough the objective at one user to sweep")  # fmt: skip
+    return Probe(output_len=record.output_tokens, ttft_ms=ttft, tpot_ms=tpot, too_slow=bool(over), why=why)
+
+
+def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False) -> StageRecord[AtShape]:
+    """Sweep one precision's shape build on vLLM with random weights, and log it."""
+    card.require_precision(precision)
+    config = architecture_config(card, "the shape stage (speed at the model's shape)")
+    arch = json.loads(config.read_text())
+    vllm = engines.find_vllm()
+    if vllm is None:
+        raise QevalError(f"model '{card.name}': the shape stage serves on vLLM and none is installed here; "
+                         f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
+    device, device_name = engines.this_device()
+    srv, s = card.server, card.speed
+    opts = RecipeOptions(group_size=card.quantization.group_size, ignore=list(card.quantization.ignore))
+    settings = VllmSettings(
+        device=device.kind, max_model_len=context_for(card, arch.get("max_position_embeddings")),
+        tensor_parallel=srv.tensor_parallel or 1, pipeline_parallel=srv.pipeline_parallel,
+        kv_cache_dtype=srv.kv_cache_dtype,
+        enforce_eager=device.kind == "cpu" if srv.enforce_eager is None else srv.enforce_eager,
+        cpu_kv_cache_gb=srv.cpu_kv_cache_gb, random_weights=True,
+    )  # fmt: skip
+    load = loadgen.LoadSettings(api="completions", concurrency=s.concurrency, requests_per_user=srv.requests_per_user,
+                                warmup=srv.warmup, input_len=s.input_len, output_len=s.output_len,
+                                exact_length="ignore_eos", timeout_s=srv.timeout_s)  # fmt: skip
+    version = f"{vllm.distribution} {vllm.version}"
+    inputs = {
+        "config": file_digest([config]),
+        "quantization_config": quantization_config(precision, opts),
+        "engine_version": version,
+        "vllm": settings.model_dump(),
+        "load": load.model_dump(),
+        "slo": s.slo.model_dump(),
+        "probe": [PROBE_TOKENS, PROBE_MARGIN, PROBE_TIMEOUT_S],
+    }
+    label = f"{card.name}@{precision} ({label_of(card)})"
+
+    def work(out: Path) -> AtShape:
+        local = resolve_repo_path(card.source.path) if card.source.path else None
+        build = write_shape_build(config, precision, opts, out / "build", local if local and has_tokenizer(local)
+                                  else None)  # fmt: skip
+        bandwidth = _bandwidth(device.kind, device_name)
+        prompts = loadgen.token_prompts(int(arch["vocab_size"]), loadgen.prompts_needed(load) + 2, load.input_len,
+                                        avoid=_special_ids(arch))  # fmt: skip
+        top = 4 * max(load.concurrency)
+        ceiling = sweep.generator_ceiling(out, top, 4)
+        slo = serving.Slo(s.slo.ttft_ms, s.slo.tpot_ms)
+        where = f"its log {out / 'server.log'}"
+        cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
+        log.info("starting vLLM for %s (log: %s)", label, out / "server.log")
+        with running(cmd, out / "server.log", srv.start_timeout_s, f"vLLM for {label}", env) as base:
+            probe = _probe(label, base, str(build), load, prompts[-2:], slo, where)
+            log.info("%s: probe at one user: TTFT %s ms, TPOT %s ms: %s", label, _ms(probe.ttft_ms),
+                     _ms(probe.tpot_ms), probe.why)  # fmt: skip
+            records = [] if probe.too_slow else sweep.run_levels(label, base, str(build), load, prompts, slo, where)
+            sweep.check_alive(label, base, records, out, where)
+        serving.write_csv(records, out / "requests.csv")
+        summary = sweep.levels_summary(card, records, slo, ceiling)
+        kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
+        one = summary["per_level"].get(1)
+        tpot = one.tpot_ms_p50 if one and one.tpot_ms_p50 else probe.tpot_ms
+        dtype_bytes = 1 if srv.kv_cache_dtype == "fp8" else 2
+        at = decode_ceiling(sizing.Shape.from_config(arch), precision, card.quantization.group_size, dtype_bytes,
+                            load, bandwidth, tpot, device_label(device.kind, device_name))  # fmt: skip
+        if at.measured_over_ceiling is not None:
+            log.info("%s: decode at one user %.1f tokens/s, %.0f%% of the %.1f tokens/s that %.1f GB/s allows",
+                     label, at.measured_tps, 100 * at.measured_over_ceiling, at.ceiling_tps,
+                     at.bandwidth_gb_s)  # fmt: skip
+        return AtShape(
+            engine="vllm", engine_version=version, vllm=settings, kernels=kernels, execution=how, load=load,
+            weights=label_of(card), shape_config=_shown_path(config), probe=probe if probe.too_slow else None,
+            ceiling=at, **summary,
+        )  # fmt: skip
+
+    return run_stage(tracker, precision, AtShape, inputs, work, force=force)
+
+
+def _probe(label: str, base: str, model: str, load: loadgen.LoadSettings, prompts: list, slo: serving.Slo,
+           where: str) -> Probe:  # fmt: skip
+    """Two requests at one user (the first warms the server), PROBE_TOKENS out each; the second decides."""
+    short = load.model_copy(update={"concurrency": [1], "requests_per_user": 2, "warmup": 0,
+                                    "output_len": PROBE_TOKENS, "timeout_s": PROBE_TIMEOUT_S})  # fmt: skip
+    records = sweep.run_levels(f"{label} probe", base, model, short, prompts, slo, where)
+    return probe_verdict(records[-1], slo)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _shown_path(path: Path) -> str:
+    """A path inside the repository relative to it (as the card names it), else as it is."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,111 @@
+"""One server sweep, as the serve stage (real checkpoints) and the shape stage (random weights at a real
+model's shape) both run it: the load generator's own ceiling, the concurrency levels under the card's SLO
+with their progress lines, the realised-length check, the rule for a server that stops answering, and the
+summary of the levels and of the kernels vLLM chose.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import eval.loadgen as loadgen
+import eval.serving as serving
+import eval.stream_stub as stream_stub
+from pipelines.core.cards import ModelCard
+from pipelines.core.errors import QevalError
+from pipelines.core.net import answers
+from pipelines.core.procs import running
+from pipelines.core.results import GeneratorCeiling, LinearKernel
+from pipelines.stages import engines
+from quant.execution import Device, Execution
+
+log = logging.getLogger(__name__)
+CEILING_OUTPUT = 256  # chunks per request against the stub
+
+
+def generator_ceiling(work: Path, concurrency: int, requests_per_user: int) -> GeneratorCeiling:
+    """Streamed chunks per second the generator takes in from an endpoint that answers instantly."""
+    cmd = [sys.executable, "-m", stream_stub.__name__, "--port", "{port}"]
+    with running(cmd, work / "stub.log", 60, "the stub endpoint") as url:
+        cfg = loadgen.LoadConfig(
+            url=url, model="stub", api="completions", concurrency=[concurrency], requests_per_user=requests_per_user,
+            warmup=1, input_len=1, output_len=CEILING_OUTPUT, timeout_s=60,
+        )  # fmt: skip
+        records = loadgen.sweep(cfg, ["x"])
+    ok = [r for r in records if r.ok]
+    span = max(r.end for r in records) - min(r.start for r in records)
+    chunks = sum(len(r.token_times) for r in ok)
+    return GeneratorCeiling(chunks_per_s=chunks / span, concurrency=concurrency, failed=len(records) - len(ok))
+
+
+def run_levels(label: str, base_url: str, model: str, load: loadgen.LoadSettings, prompts: Sequence[loadgen.Prompt],
+               slo: serving.Slo, where: str) -> list[serving.RequestRecord]:  # fmt: skip
+    """Sweep the server at `base_url` over `load`'s levels, a progress line per level; `where` names what to
+    read when it fails (its log, or the URL of a server the user runs)."""
+
+    def level_done(c: int, level: list[serving.RequestRecord]) -> None:
+        m = serving.level_metrics(level, slo)
+        log.info(
+            "%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s",
+            label, c, m.requests, m.failed, m.ttft_ms_p50 or float("nan"), m.tpot_ms_p50 or float("nan"),
+            m.output_tps or 0.0,
+        )  # fmt: skip
+        if m.bursts:
+            log.warning("%s concurrency %d: %d requests arrived in one burst, not streamed: their TPOT is not "
+                        "measured and the level is not counted as meeting the SLO; rerun with --force",
+                        label, c, m.bursts)  # fmt: skip
+        if load.exact_length == "ignore_eos" and (bad := serving.length_mismatches(level, load.input_len,
+                                                                                    load.output_len)):  # fmt: skip
+            raise QevalError(f"{label}: {len(bad)} of {len(level)} requests at concurrency {c} did not have the "
+                             f"asked lengths ({bad[0]}): the level measures something else; see {where}")  # fmt: skip
+
+    try:
+        cfg = loadgen.LoadConfig(url=base_url, model=model, **load.model_dump())
+        return loadgen.sweep(cfg, prompts, level_done)
+    except RuntimeError as e:
+        raise QevalError(f"{label} server: {e}; check {where}") from None
+
+
+def check_alive(label: str, base_url: str, records: list[serving.RequestRecord], out: Path, where: str) -> None:
+    """The rule: failed requests from a server that still answers are data (the level misses the SLO); a
+    server that stopped answering during the sweep fails the stage, which is then not cached."""
+    if answers(base_url):
+        return
+    serving.write_csv(records, out / "requests.csv")  # kept in the failed folder
+    failed = sum(not r.ok for r in records)
+    raise QevalError(f"{label}: the server stopped answering during the sweep ({failed} of {len(records)} "
+                     f"requests failed); see {where}; rerun when it is fixed")  # fmt: skip
+
+
+def levels_summary(card: ModelCard, records: list[serving.RequestRecord], slo: serving.Slo,
+                   ceiling: GeneratorCeiling) -> dict:  # fmt: skip
+    """The fields of a sweep's result that its records give: per level, users within the SLO, failures, and
+    whether the generator's ceiling bounds the figures."""
+    per_level = serving.sweep_metrics(records, slo)
+    peak = max((m.output_tps or 0.0 for m in per_level.values()), default=0.0)
+    bound = ceiling.chunks_per_s < 10 * peak
+    if bound:
+        log.warning(
+            "the load generator's ceiling (%.0f chunks/s) is under 10x the server's peak %.0f tokens/s: "
+            "its figures may be the generator's", ceiling.chunks_per_s, peak,
+        )  # fmt: skip
+    return {
+        "slo": card.speed.slo,
+        "per_level": per_level,
+        "max_users_at_slo": serving.max_users_at_slo(per_level),
+        "failed_requests": sum(m.failed for m in per_level.values()),
+        "generator_ceiling": ceiling,
+        "generator_bound": bound,
+    }
+
+
+def vllm_kernels(label: str, log_file: Path, precision: str, device: Device) -> tuple[list[LinearKernel], Execution]:
+    """The linear kernels vLLM says in its log it chose, and how they ran the build here."""
+    kernels = engines.kernels_from_log(log_file.read_text(errors="replace"), precision, device)
+    how = engines.served_execution(precision, device, kernels)
+    chosen = ", ".join(f"{k.kernel} for {k.method}" for k in kernels) or "none reported (unquantized)"
+    log.info("%s: vLLM's linear kernels: %s (%s)", label, chosen, how)
+    return kernels, how
