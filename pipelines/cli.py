@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -138,6 +136,24 @@ def models(as_json: JsonOpt = False) -> None:
     _emit_json({"models": listed, "invalid": problems}, as_json)
     if problems:
         raise QevalError("; ".join(problems))
+
+
+@app.command()
+@_guarded
+def init(
+    source: Annotated[str, typer.Argument(help="a checkpoint folder, or a hub id (owner/name)")],
+    name: Annotated[str | None, typer.Option(help="the card's name (default: from the source)")] = None,
+    revision: Annotated[str, typer.Option(help="hub revision")] = "main",
+    force: Annotated[bool, typer.Option("--force", help="replace a card of that name")] = False,
+) -> None:
+    """Write a validated model card from a model's config.json, and say what it guessed."""
+    from pipelines.core.scaffold import scaffold, write
+
+    made = scaffold(source, name=name, revision=revision)
+    path = write(made, force=force)
+    out.print(f"wrote {path}" + (f" and {made.shipped_config}" if made.shipped_config else ""), highlight=False)
+    for guess in made.guesses:
+        err.print(f"guessed: {guess}", highlight=False)
 
 
 @app.command()
@@ -390,31 +406,6 @@ def ui(
     model: Annotated[str | None, typer.Option("--model", "-m", help="print only this model's address")] = None,
 ) -> None:
     """Browse the runs in the MLflow UI (Ctrl-C stops it); prints each model's runs-table address."""
-    from pipelines.core.procs import stop_process_group
-    from pipelines.tracking.mlflow_tracker import experiment_ids, ui_command
-    from pipelines.tracking.store import redact, tracking_uri
-    from pipelines.tracking.view import view_url
+    from pipelines.ui import serve_ui
 
-    with socket.socket() as probe:  # uvicorn would only log "address in use" and exit 0
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise QevalError(f"cannot listen on {host}:{port} ({e.strerror}); pick another with --port") from None
-    base = f"http://{host}:{port}"
-    err.print(f"MLflow UI on {base} (store: {redact(tracking_uri())})", highlight=False)
-    ids = experiment_ids()
-    if model is not None and model not in ids:
-        raise QevalError(f"no runs of '{model}' in {redact(tracking_uri())}; run: qeval run --model {model}")
-    for name, experiment in ids.items():
-        if model in (None, name):  # the address a user opens: the runs table, with qeval's columns and charts
-            out.print(f"{name}: {view_url(base, experiment)}", highlight=False, soft_wrap=True)
-    if not ids:
-        err.print("the store has no qeval runs yet: run `make run` first", highlight=False)
-    proc = subprocess.Popen(ui_command(host, port), start_new_session=True)
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        stop_process_group(proc)
-        code = 0
-    if code != 0:
-        raise QevalError(f"the MLflow UI exited with status {code} (is port {port} free? try --port)")
+    serve_ui(host, port, model, out, err)

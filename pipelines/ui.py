@@ -1,0 +1,41 @@
+"""`qeval ui`: the MLflow UI over the store, and the address of each model's runs table (the page to open)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+from rich.console import Console
+
+from pipelines.core.errors import QevalError
+from pipelines.core.procs import stop_process_group
+from pipelines.tracking.mlflow_tracker import experiment_ids, ui_command
+from pipelines.tracking.store import redact, tracking_uri
+from pipelines.tracking.view import view_url
+
+
+def serve_ui(host: str, port: int, model: str | None, out: Console, err: Console) -> None:
+    """Print each model's address, then run the MLflow UI on host:port until it exits or Ctrl-C."""
+    with socket.socket() as probe:  # uvicorn would only log "address in use" and exit 0
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise QevalError(f"cannot listen on {host}:{port} ({e.strerror}); pick another with --port") from None
+    base = f"http://{host}:{port}"
+    err.print(f"MLflow UI on {base} (store: {redact(tracking_uri())})", highlight=False)
+    ids = experiment_ids()
+    if model is not None and model not in ids:
+        raise QevalError(f"no runs of '{model}' in {redact(tracking_uri())}; run: qeval run --model {model}")
+    for name, experiment in ids.items():
+        if model in (None, name):  # the address a user opens: the runs table, with qeval's columns and charts
+            out.print(f"{name}: {view_url(base, experiment)}", highlight=False, soft_wrap=True)
+    if not ids:
+        err.print("the store has no qeval runs yet: run `make run` first", highlight=False)
+    proc = subprocess.Popen(ui_command(host, port), start_new_session=True)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        stop_process_group(proc)
+        code = 0
+    if code != 0:
+        raise QevalError(f"the MLflow UI exited with status {code} (is port {port} free? try --port)")
