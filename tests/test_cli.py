@@ -25,7 +25,7 @@ def test_unknown_model_is_exit_2_with_one_line(workdir):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"qeval: error: unknown model 'ref_lm' (did you mean 'ref-lm'?); known: llama-3.1-8b-instruct, "
-        f"ref-lm (add a card as {REPO}/pipelines/models/ref_lm.yaml)"
+        f"qwen2.5-0.5b-instruct, ref-lm (add a card as {REPO}/pipelines/models/ref_lm.yaml)"
     ]
 
 
@@ -122,5 +122,5 @@ def test_an_unknown_stage_to_skip_is_named_with_a_suggestion(workdir):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "qeval: error: --skip: unknown stage 'serve-bench' (did you mean 'serve', 'bench'?); known: quantize, "
-        "evaluate, bench, size, serve"
+        "evaluate, bench, shape, size, serve"
     ]

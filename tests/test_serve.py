@@ -111,7 +111,7 @@ def test_a_server_that_cannot_be_reached_is_one_clear_error(own_root):
     done = qeval(*args, env=env)
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert "warm-up request failed" in last and "ConnectError" in last
+    assert "warm-up request failed" in last and "ClientConnectorError" in last
     bad = qeval(*args[:-2], "--url", "localhost:8000", env=env)
     assert bad.returncode == 2 and "--url must be an http(s) base URL" in bad.stderr
 

@@ -163,7 +163,11 @@ def _sweep(
 
     label = f"{card.name}@{precision}"
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=card.source.trust_remote_code)
-    prompts = loadgen.synthetic_prompts(tokenizer, loadgen.prompts_needed(load), load.input_len)
+    texts = loadgen.synthetic_prompts(tokenizer, loadgen.prompts_needed(load), load.input_len)
+    # vLLM takes the prompts as token ids: exactly input_len of them, with no special token of its own added
+    # (a tokenizer that adds BOS would make every prompt one longer than asked, and the length check fail)
+    ids = engine == "vllm" and load.api == "completions"
+    prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts] if ids else texts
     top = 4 * max(load.concurrency)
     ceiling = sweep.generator_ceiling(out, top, 4)
     log.info("load generator ceiling: %.0f chunks/s at concurrency %d", ceiling.chunks_per_s, top)
