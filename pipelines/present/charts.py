@@ -6,6 +6,8 @@ emulated builds are hollow, natively run ones filled; the build that ships has a
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
@@ -127,6 +129,16 @@ def _steps(ax, steps: list[int], label: str) -> None:
     ax.grid(alpha=0.3)
 
 
+def _finish(fig, axes, steps: list[int], label: str, title: str, fontsize: int = 10):
+    """Two panels over the same measured steps: their axes, the legend on the first, the title."""
+    for ax in axes:
+        _steps(ax, steps, label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    return fig
+
+
 def speed_against_batch(card: ModelCard, how: str):
     """Engine bench: decode tokens/s (all users) and TTFT against batch size; emulated builds dashed."""
     fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
@@ -139,12 +151,8 @@ def speed_against_batch(card: ModelCard, how: str):
             _line(ax, precision, [(p.batch, getattr(p, figure)) for p in bench.main_points()], emulated)
     left.set_ylabel("decode tokens/s, all users")
     right.set_ylabel("time to first token, ms (median)")
-    for ax in (left, right):
-        _steps(ax, card.speed.batch_sizes, "batch size")
-    left.legend(fontsize=8)
-    fig.suptitle(f"{card.name}: engine bench against batch size\n{how}", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, (left, right), card.speed.batch_sizes, "batch size",
+                   f"{card.name}: engine bench against batch size\n{how}")  # fmt: skip
 
 
 def latency_against_users(card: ModelCard, how: str):
@@ -184,12 +192,10 @@ def shape_speed(card: ModelCard, shaped: dict[str, AtShape], how: str):
     left.set_ylabel("TPOT p50, ms")
     right.axhline(1.0, color="black", lw=1, ls=":")
     right.set_ylabel(f"output tokens/s over {card.gate.baseline}'s")
-    for ax in (left, right):
-        _steps(ax, card.speed.concurrency, "concurrent users")
-    left.legend(fontsize=8)
-    fig.suptitle(f"{card.name}: speed at its shape, random weights\n{how}", fontsize=9)
-    fig.tight_layout()
-    return fig
+    probed = [p for p, r in shaped.items() if r.probe is not None]
+    note = f"; not swept, too slow at one user: {', '.join(probed)}" if probed else ""
+    title = f"{card.name}: speed at its shape, random weights\n" + textwrap.fill(how + note, 150)
+    return _finish(fig, (left, right), card.speed.concurrency, "concurrent users", title, fontsize=9)
 
 
 def memory(card: ModelCard, decision: Decision):
