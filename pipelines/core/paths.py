@@ -38,3 +38,11 @@ def resolve_repo_path(path: str) -> Path:
     """A path from a card: absolute, or relative to the repository root."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else REPO_ROOT / p
+
+
+def shown_path(path: Path) -> str:
+    """A path as a card names it: relative to the repository root inside it, else absolute."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path.resolve())

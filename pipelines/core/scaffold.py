@@ -20,7 +20,7 @@ from eval.sizing import Shape
 from pipelines.core.cards import parse_card
 from pipelines.core.errors import QevalError
 from pipelines.core.files import atomic_write
-from pipelines.core.paths import REPO_ROOT, cards_dir
+from pipelines.core.paths import REPO_ROOT, cards_dir, shown_path
 from quant.recipes import GROUP_SIZE
 
 CONFIGS = REPO_ROOT / "eval" / "configs"
@@ -107,14 +107,14 @@ def scaffold(source: str, *, name: str | None = None, revision: str = "main") ->
     guesses.append(f"accuracy tasks {', '.join(PLACEHOLDER_TASKS)} are placeholders: edit accuracy.tasks")
     shipped = None
     if folder is not None:
-        where = _repo_relative(folder)
+        where = shown_path(folder)
         source_lines = f"  path: {where}"
     else:
         shipped = CONFIGS / f"{name}.json"
         source_lines = "\n".join([
             f"  hub_id: {source}",
             f"  revision: {revision}   # pin a commit hash for reproducible builds",
-            f"  config: {_repo_relative(shipped)}   # the architecture: the speed half needs no weights",
+            f"  config: {shown_path(shipped)}   # the architecture: the speed half needs no weights",
         ])  # fmt: skip
         guesses.append("calibration from HuggingFaceH4/ultrachat_200k (256 prompts): edit calibration: for your domain")
     calibration = (
@@ -171,10 +171,3 @@ def write(s: Scaffold, *, force: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, s.text)
     return path
-
-
-def _repo_relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path.resolve())

@@ -145,13 +145,19 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
     cols = table(card, decision)
+    # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
+    history = {"decided": [decision.decided] * len(cols["build"]), **cols}
+    return _publish(out, figures, markdown(card, decision, cols, list(figures)), {"gate_table.json": history},
+                    tracker)  # fmt: skip
+
+
+def _publish(out: Path, figures: dict, text: str, tables: dict, tracker: Tracker) -> list[Path]:
+    """The charts and report.md written to `out` and logged to the model's summary run; the files written."""
     for name, fig in figures.items():
         _save_fig(fig, out / name)
     md = out / "report.md"
-    atomic_write(md, markdown(card, decision, cols, list(figures)))
-    # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
-    history = {"decided": [decision.decided] * len(cols["build"]), **cols}
-    tracker.log_report(figures, {"gate_table.json": history}, [md])
+    atomic_write(md, text)
+    tracker.log_report(figures, tables, [md])
     charts.close(figures.values())
     return [out / name for name in figures] + [md]
 
@@ -162,12 +168,6 @@ def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     shaped = shapes.results(card)
     figures = {"speed_at_shape.png": charts.shape_speed(card, shaped, shapes.how(card, shaped))} if shaped else {}
-    for name, fig in figures.items():
-        _save_fig(fig, out / name)
-    md = out / "report.md"
     lines = shapes.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
     lines += ["", *(f"![{n}]({n})" for n in figures), ""]
-    atomic_write(md, "\n".join(lines))
-    tracker.log_report(figures, {}, [md])
-    charts.close(figures.values())
-    return [out / name for name in figures] + [md]
+    return _publish(out, figures, "\n".join(lines), {}, tracker)

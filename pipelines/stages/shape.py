@@ -30,7 +30,7 @@ from eval.speed import decode_step_bytes, mid_generation_context
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
-from pipelines.core.paths import REPO_ROOT, resolve_repo_path
+from pipelines.core.paths import resolve_repo_path, shown_path
 from pipelines.core.procs import running
 from pipelines.core.results import AtShape, DecodeCeiling, Probe, StageRecord, VllmSettings
 from pipelines.core.runner import run_stage
@@ -183,7 +183,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
                      at.bandwidth_gb_s)  # fmt: skip
         return AtShape(
             engine="vllm", engine_version=version, vllm=settings, kernels=kernels, execution=how, load=load,
-            weights=label_of(card), shape_config=_shown_path(config), probe=probe if probe.too_slow else None,
+            weights=label_of(card), shape_config=shown_path(config), probe=probe if probe.too_slow else None,
             ceiling=at, **summary,
         )  # fmt: skip
 
@@ -201,11 +201,3 @@ def _probe(label: str, base: str, model: str, load: loadgen.LoadSettings, prompt
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
-
-
-def _shown_path(path: Path) -> str:
-    """A path inside the repository relative to it (as the card names it), else as it is."""
-    try:
-        return str(path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
