@@ -79,11 +79,11 @@ def test_malformed_yaml(cards):
 def test_a_wrong_value_is_described_not_echoed(cards):
     token = "hf_" + "x" * 34  # pasted into the wrong key
     message = _error(
-        cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("batch_size: 8", f"batch_size: {token}")
+        cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("batch_size: 32", f"batch_size: {token}")
     )
     assert "accuracy.batch_size" in message and "a string of 37 characters" in message and token not in message
     assert "(got 0)" in _error(
-        cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("batch_size: 8", "batch_size: 0")
+        cards, REF_CARD.replace("name: ref-lm", "name: bad").replace("batch_size: 32", "batch_size: 0")
     )
 
 
