@@ -14,7 +14,6 @@ from pathlib import Path
 import eval.loadgen as loadgen
 import eval.serving as serving
 import eval.stream_stub as stream_stub
-from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.net import answers
 from pipelines.core.procs import running
@@ -26,8 +25,21 @@ log = logging.getLogger(__name__)
 CEILING_OUTPUT = 256  # chunks per request against the stub
 
 
+_CEILINGS: dict[tuple[int, int], GeneratorCeiling] = {}
+"""The generator's ceiling per (concurrency, requests per user), measured once per process: it is this
+machine's client, not the build's, and `qeval run` would otherwise pay a stub server's start per stage."""
+
+
 def generator_ceiling(work: Path, concurrency: int, requests_per_user: int) -> GeneratorCeiling:
-    """Streamed chunks per second the generator takes in from an endpoint that answers instantly."""
+    """Streamed chunks per second the generator takes in from an endpoint that answers instantly (measured
+    the first time this process asks, with the stub's log in `work`)."""
+    key = (concurrency, requests_per_user)
+    if key not in _CEILINGS:
+        _CEILINGS[key] = _measure_ceiling(work, concurrency, requests_per_user)
+    return _CEILINGS[key]
+
+
+def _measure_ceiling(work: Path, concurrency: int, requests_per_user: int) -> GeneratorCeiling:
     cmd = [sys.executable, "-m", stream_stub.__name__, "--port", "{port}"]
     with running(cmd, work / "stub.log", 60, "the stub endpoint") as url:
         cfg = loadgen.LoadConfig(
@@ -80,8 +92,7 @@ def check_alive(label: str, base_url: str, records: list[serving.RequestRecord],
                      f"requests failed); see {where}; rerun when it is fixed")  # fmt: skip
 
 
-def levels_summary(card: ModelCard, records: list[serving.RequestRecord], slo: serving.Slo,
-                   ceiling: GeneratorCeiling) -> dict:  # fmt: skip
+def levels_summary(records: list[serving.RequestRecord], slo: serving.Slo, ceiling: GeneratorCeiling) -> dict:
     """The fields of a sweep's result that its records give: per level, users within the SLO, failures, and
     whether the generator's ceiling bounds the figures."""
     per_level = serving.sweep_metrics(records, slo)
@@ -93,11 +104,9 @@ def levels_summary(card: ModelCard, records: list[serving.RequestRecord], slo: s
             "its figures may be the generator's", ceiling.chunks_per_s, peak,
         )  # fmt: skip
     return {
-        "slo": card.speed.slo,
         "per_level": per_level,
         "max_users_at_slo": serving.max_users_at_slo(per_level),
         "failed_requests": sum(m.failed for m in per_level.values()),
-        "generator_ceiling": ceiling,
         "generator_bound": bound,
     }
 
