@@ -34,6 +34,9 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="model card name (s
 ForceOpt = Annotated[bool, typer.Option("--force", help="redo stages even when their inputs are unchanged")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document as the last line")]
 PrecisionsOpt = Annotated[list[str] | None, typer.Option(help="build; repeat for several (default: all)")]
+ScenariosOpt = Annotated[
+    list[str] | None, typer.Option("--scenario", help="the card's speed scenario to sweep; repeat (default: all)")
+]
 
 
 @app.callback()
@@ -105,10 +108,11 @@ def _run_builds(
     default: Callable[[ModelCard], list[str]],
     stage: Callable[..., StageRecord],
     as_json: bool,
+    scenarios: list[str] | None = None,
     **options: Any,
 ) -> None:
     """Run one stage for the chosen builds of a card (all checked before any work starts)."""
-    card = cards_mod.load_card(model)
+    card = cards_mod.load_card(model).with_scenarios(scenarios or [])
     chosen = _builds(card, precisions, default(card))
     tracker = _tracker(model)
     _report(model, [stage(card, p, tracker, **options) for p in chosen], as_json)
@@ -217,6 +221,7 @@ def serve(
     url: Annotated[
         str | None, typer.Option(help="drive this running OpenAI-compatible server instead of starting one")
     ] = None,
+    scenario: Annotated[str | None, typer.Option(help="the card's scenario to sweep (default: its first)")] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -227,16 +232,18 @@ def serve(
         raise QevalError("--url measures one build: name it with exactly one --precision")
     if url and not url.startswith(("http://", "https://")):
         raise QevalError(f"--url must be an http(s) base URL such as http://127.0.0.1:8000, not '{url}'")
-    _run_builds(model, precision, lambda c: c.precisions, run_serve, as_json, force=force, url=url)
+    _run_builds(model, precision, lambda c: c.precisions, run_serve, as_json, [scenario] if scenario else None,
+                force=force, url=url)  # fmt: skip
 
 
 @app.command()
 @_guarded
-def shape(model: ModelOpt, precision: PrecisionsOpt = None, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
+def shape(model: ModelOpt, precision: PrecisionsOpt = None, scenario: ScenariosOpt = None, force: ForceOpt = False,
+          as_json: JsonOpt = False) -> None:  # fmt: skip
     """Every precision's speed at the model's real shape with random weights, on vLLM (no weights needed)."""
     from pipelines.stages.shape import shape as run_shape
 
-    _run_builds(model, precision, lambda c: c.precisions, run_shape, as_json, force=force)
+    _run_builds(model, precision, lambda c: c.precisions, run_shape, as_json, scenario, force=force)
 
 
 @app.command()
@@ -301,6 +308,7 @@ def run(
     speed_half: Annotated[
         bool, typer.Option("--speed-half", help="only the stages that need no weights (shape, size); nothing ships")
     ] = False,
+    scenario: ScenariosOpt = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -318,7 +326,7 @@ def run(
             get_stage(stage)
         except ValueError as e:
             raise QevalError(f"--skip: {e}") from None
-    card = _only(cards_mod.load_card(model), precision)
+    card = _only(cards_mod.load_card(model), precision).with_scenarios(scenario or [])
     result = run_pipeline(card, _tracker(model), force=force, skip=tuple(skip or ()), ray_address=ray_address,
                           speed_half=speed_half)  # fmt: skip
     out.print(console.builds(result.records, result.decision))

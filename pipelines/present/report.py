@@ -18,7 +18,7 @@ from pipelines.core.paths import reports_dir
 from pipelines.core.results import Benched, Served, result_of
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
-from pipelines.present import charts, shapes
+from pipelines.present import charts, formats, shapes
 from pipelines.present.tables import (
     fits_section,
     policy_text,
@@ -167,7 +167,12 @@ def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
     out = reports_dir(card.name)
     out.mkdir(parents=True, exist_ok=True)
     shaped = shapes.results(card)
-    figures = {"speed_at_shape.png": charts.shape_speed(card, shaped, shapes.how(card, shaped))} if shaped else {}
+    emulated = {p for p, r in shaped.items() if formats.emulated(r.execution)}
+    figures = {
+        f"speed_at_shape-{name}.png": charts.shape_speed(card, name, shapes.at(shaped, name), emulated,
+                                                          shapes.how(shaped))
+        for name in shapes.scenario_names(shaped)
+    }  # fmt: skip
     lines = shapes.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
     lines += ["", *(f"![{n}]({n})" for n in figures), ""]
     return _publish(out, figures, "\n".join(lines), {}, tracker)

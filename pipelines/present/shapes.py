@@ -1,14 +1,15 @@
 """The speed half's report: every precision at the model's real shape with random weights (the shape stage),
-as Markdown lines and a chart: latency and throughput per concurrency, the speed-up over the baseline and
-where it crosses 1, decode against the device's bandwidth ceiling, and the size stage's projections with
-what the measurement says of them. Every heading and caption says the figures are random weights'.
+as Markdown lines and a chart per scenario (chat, RAG, ...): latency and throughput per concurrency, the
+speed-up over the baseline and where it crosses 1, decode against the device's bandwidth ceiling, and the
+size stage's projections with what the measurement says of them. Every heading and caption says the
+figures are random weights'.
 """
 
 from __future__ import annotations
 
 from eval.serving import crossovers, speedups
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import AtShape, Sized, result_of
+from pipelines.core.results import AtShape, ScenarioSweep, Sized, result_of
 from pipelines.present import formats
 from pipelines.present.tables import fits_section
 
@@ -19,39 +20,57 @@ def results(card: ModelCard) -> dict[str, AtShape]:
     return {p: r for p in order if (r := result_of(card.name, p, AtShape))}
 
 
-def how(card: ModelCard, shaped: dict[str, AtShape]) -> str:
+def scenario_names(shaped: dict[str, AtShape]) -> list[str]:
+    """The scenarios swept, in the card's order (the baseline's first)."""
+    return list(dict.fromkeys(name for r in shaped.values() for name in r.scenarios))
+
+
+def at(shaped: dict[str, AtShape], scenario: str) -> dict[str, ScenarioSweep]:
+    """Each precision's sweep of one scenario."""
+    return {p: r.scenarios[scenario] for p, r in shaped.items() if scenario in r.scenarios}
+
+
+def how(shaped: dict[str, AtShape]) -> str:
     """How every figure was measured, in one sentence."""
     any_one = next(iter(shaped.values()))
-    device = any_one.ceiling.device if any_one.ceiling else "this machine"
-    load = any_one.load
-    return (f"{any_one.weights} ({any_one.shape_config}), {any_one.engine_version} on {device}; "
-            f"{load.input_len} random token ids in, {load.output_len} out (length forced and checked on every "
-            f"request), {load.requests_per_user} requests per user at each level after a warm-up")  # fmt: skip
+    device = any_one.main.ceiling.device if any_one.main.ceiling else "this machine"
+    load = any_one.main.load
+    return (f"{any_one.weights} ({any_one.shape_config}), {any_one.engine_version} on {device}; random token ids "
+            f"in, the output length forced and checked on every request, {load.requests_per_user} requests per user "
+            f"at each level after a warm-up")  # fmt: skip
+
+
+def lengths(sweep: ScenarioSweep) -> str:
+    cut = f" ({sweep.capped})" if sweep.capped else ""
+    return f"{sweep.load.input_len} tokens in, {sweep.load.output_len} out{cut}"
 
 
 def _pair(a: float | None, b: float | None) -> str:
     return f"{formats.ms(a) if a is not None else '-'} / {formats.ms(b) if b is not None else '-'}"
 
 
-def level_rows(shaped: dict[str, AtShape]) -> list[str]:
+def level_rows(shaped: dict[str, AtShape], scenario: str) -> list[str]:
     """One row per precision and concurrency; a probed build one row with its probe's figures."""
     rows = []
-    for p, r in shaped.items():
+    for p, sw in at(shaped, scenario).items():
+        r = shaped[p]
         kernels = f"{r.execution}: {r.kernel_names}" if r.kernels else str(r.execution)
-        if r.probe is not None:
-            rows.append(f"| {p} | {kernels} | 1 (probe, {r.probe.output_len} tokens) | {_pair(r.probe.ttft_ms, None)} "
-                        f"| {_pair(r.probe.tpot_ms, None)} | - | - | 0 ({r.probe.why}) |")  # fmt: skip
+        if sw.probe is not None:
+            rows.append(f"| {p} | {kernels} | 1 (probe, {sw.probe.output_len} tokens) | "
+                        f"{_pair(sw.probe.ttft_ms, None)} | {_pair(sw.probe.tpot_ms, None)} | - | - | "
+                        f"0 ({sw.probe.why}) |")  # fmt: skip
             continue
-        for c, m in r.per_level.items():
+        for c, m in sw.per_level.items():
             rows.append(f"| {p} | {kernels} | {c} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | "
                         f"{_pair(m.tpot_ms_p50, m.tpot_ms_p95)} | {_pair(m.e2e_ms_p50, m.e2e_ms_p95)} | "
                         f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} |")  # fmt: skip
     return rows
 
 
-def speedup_rows(card: ModelCard, shaped: dict[str, AtShape]) -> list[str]:
+def speedup_rows(card: ModelCard, shaped: dict[str, AtShape], scenario: str) -> list[str]:
     """Per quantized precision, output tokens/s over the baseline's at each level, and the crossovers."""
-    base = shaped.get(card.gate.baseline)
+    sweeps = at(shaped, scenario)
+    base = sweeps.get(card.gate.baseline)
     if base is None:
         return []
     levels = card.speed.concurrency
@@ -59,13 +78,13 @@ def speedup_rows(card: ModelCard, shaped: dict[str, AtShape]) -> list[str]:
         "| build | " + " | ".join(formats.users_count(c) for c in levels) + " | crossover |",
         "|---|" + "---|" * len(levels) + "---|",
     ]
-    for p, r in shaped.items():
+    for p, sw in sweeps.items():
         if p == card.gate.baseline:
             continue
-        ups = speedups(base.per_level, r.per_level)
+        ups = speedups(base.per_level, sw.per_level)
         cells = [f"{ups[c]:.2f}x" if c in ups else "-" for c in levels]
         crossed = crossovers(ups)
-        if r.probe is not None:
+        if sw.probe is not None:
             where = "not swept (too slow at one user)"
         elif crossed:
             where = "; ".join(f"{what} at {c} users" for c, what in crossed)
@@ -77,14 +96,15 @@ def speedup_rows(card: ModelCard, shaped: dict[str, AtShape]) -> list[str]:
     return rows
 
 
-def ceiling_rows(card: ModelCard, shaped: dict[str, AtShape]) -> tuple[list[str], list[str]]:
+def ceiling_rows(card: ModelCard, shaped: dict[str, AtShape], scenario: str) -> tuple[list[str], list[str]]:
     """Decode at one user against the bandwidth ceiling, per precision; and the findings where the bytes
     and the measurement disagree (fewer bytes per step, yet slower than the baseline)."""
     rows, findings = [], []
-    base = shaped.get(card.gate.baseline)
+    sweeps = at(shaped, scenario)
+    base = sweeps.get(card.gate.baseline)
     base_c = base.ceiling if base else None
-    for p, r in shaped.items():
-        c = r.ceiling
+    for p, sw in sweeps.items():
+        c = sw.ceiling
         if c is None:
             continue
         share = f"{c.measured_over_ceiling:.0%}" if c.measured_over_ceiling is not None else "-"
@@ -99,6 +119,35 @@ def ceiling_rows(card: ModelCard, shaped: dict[str, AtShape]) -> tuple[list[str]
                 f"not its bytes, sets its speed on {c.device}."
             )  # fmt: skip
     return rows, findings
+
+
+def scenario_section(card: ModelCard, shaped: dict[str, AtShape], scenario: str) -> list[str]:
+    """One scenario: every level, the speed-ups and crossovers, decode against the ceiling."""
+    sweeps = at(shaped, scenario)
+    first = next(iter(sweeps.values()))
+    slo = first.slo
+    lines = [
+        f"## Scenario {scenario}: {lengths(first)}", "",
+        f"Objective: TTFT p95 <= {slo.ttft_ms:g} ms and TPOT p95 <= {slo.tpot_ms:g} ms.", "",
+        "| build | kernels | users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | e2e p50 / p95 ms | output tok/s | "
+        "within the objective |",
+        "|---|---|---|---|---|---|---|---|",
+        *level_rows(shaped, scenario),
+    ]  # fmt: skip
+    if ups := speedup_rows(card, shaped, scenario):
+        lines += ["", f"### {scenario}: speed-up over {card.gate.baseline} (output tokens/s at the same users)", "",
+                  *ups]  # fmt: skip
+    rows, findings = ceiling_rows(card, shaped, scenario)
+    if rows:
+        lines += [
+            "", f"### {scenario}: decode at one user against the bandwidth ceiling", "",
+            "Ceiling: the device's bandwidth over the bytes a decode step reads (weights but the indexed embedding "
+            "table, plus the KV cache at mid-generation).", "",
+            "| build | bytes per step | ceiling tok/s | measured tok/s | measured / ceiling |",
+            "|---|---|---|---|---|", *rows,
+        ]  # fmt: skip
+        lines += ["", *findings] if findings else []
+    return lines
 
 
 def projection_notes(card: ModelCard) -> list[str]:
@@ -118,31 +167,17 @@ def section(card: ModelCard, reason: str | None = None) -> list[str]:
     shaped = results(card)
     if not shaped:
         return []
-    slo = card.speed.slo
+    names = scenario_names(shaped)
     lines = [f"# {card.name}: speed at the model's real shape, random weights", ""]
     if reason:
         lines += [f"**Nothing ships:** {reason}.", ""]
     lines += [
-        f"Every figure: {how(card, shaped)}. Objective: TTFT p95 <= {slo.ttft_ms:g} ms and TPOT p95 <= "
-        f"{slo.tpot_ms:g} ms. These are the format's and the kernels' speed, not any real checkpoint's.",
-        "",
-        "| build | kernels | users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | e2e p50 / p95 ms | output tok/s | "
-        "within the objective |",
-        "|---|---|---|---|---|---|---|---|",
-        *level_rows(shaped),
+        f"Every figure: {how(shaped)}. Scenarios: "
+        + "; ".join(f"{n}, {lengths(next(iter(at(shaped, n).values())))}" for n in names)
+        + ". These are the format's and the kernels' speed, not any real checkpoint's.",
     ]
-    if ups := speedup_rows(card, shaped):
-        lines += ["", f"## Speed-up over {card.gate.baseline} (output tokens/s at the same users)", "", *ups]
-    rows, findings = ceiling_rows(card, shaped)
-    if rows:
-        lines += [
-            "", "## Decode at one user against the bandwidth ceiling", "",
-            "Ceiling: the device's bandwidth over the bytes a decode step reads (weights but the indexed embedding "
-            "table, plus the KV cache at mid-generation).", "",
-            "| build | bytes per step | ceiling tok/s | measured tok/s | measured / ceiling |",
-            "|---|---|---|---|---|", *rows,
-        ]  # fmt: skip
-        lines += ["", *findings] if findings else []
+    for name in names:
+        lines += ["", *scenario_section(card, shaped, name)]
     if fits := fits_section(card):
         lines += [*fits, "", *projection_notes(card)]
     return lines

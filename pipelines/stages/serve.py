@@ -94,6 +94,7 @@ def serve(
     """Sweep one build's server over the card's concurrency levels (and score it, where asked) and log it."""
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
     srv, s = card.server, card.speed
+    _, scenario = s.main_scenario
     engine = "external" if url else engines.choose_engine(srv.engine)
     device, device_name = engines.this_device()
     vllm, settings = None, None
@@ -108,8 +109,8 @@ def serve(
         concurrency=s.concurrency,
         requests_per_user=srv.requests_per_user,
         warmup=srv.warmup,
-        input_len=s.input_len,
-        output_len=s.output_len,
+        input_len=scenario.input_len,
+        output_len=scenario.output_len,
         exact_length=EXACT_LENGTH.get(engine, "none"),
         timeout_s=srv.timeout_s,
     )
@@ -122,7 +123,7 @@ def serve(
         "vllm": settings.model_dump() if settings else None,
         "url": url,
         "load": load.model_dump(),
-        "slo": s.slo.model_dump(),
+        "slo": s.slo_of(scenario).model_dump(),
         "served_accuracy": scored.model_dump(mode="json", exclude={"checkpoint", "include_path"}) if scored else None,
         "offline": offline.inputs_digest if offline else None,
     }
@@ -171,7 +172,8 @@ def _sweep(
     top = 4 * max(load.concurrency)
     ceiling = sweep.generator_ceiling(out, top, 4)
     log.info("load generator ceiling: %.0f chunks/s at concurrency %d", ceiling.chunks_per_s, top)
-    slo = serving.Slo(card.speed.slo.ttft_ms, card.speed.slo.tpot_ms)
+    objective = card.speed.slo_of(card.speed.main_scenario[1])
+    slo = serving.Slo(objective.ttft_ms, objective.tpot_ms)
     where = f"the server at {url}" if url else f"its log {out / 'server.log'}"
 
     scores: ServedAccuracy | None = None
@@ -190,8 +192,8 @@ def _sweep(
                 log.info("%s: lm-eval %s against the server", label, ", ".join(scored.tasks))
                 scores = served_accuracy.score(card, scored, base, out)
     serving.write_csv(records, out / "requests.csv")
-    served = Served(engine=engine, execution=Execution.UNKNOWN, load=load,
-                    **sweep.levels_summary(card, records, slo, ceiling))  # fmt: skip
+    served = Served(engine=engine, execution=Execution.UNKNOWN, load=load, slo=objective, generator_ceiling=ceiling,
+                    **sweep.levels_summary(records, slo, ceiling))  # fmt: skip
     if settings is not None:
         kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
         served = served.model_copy(update={"vllm": settings, "kernels": kernels, "execution": how})

@@ -3,7 +3,8 @@
 For a card whose weights cannot be had here (or that asks for it, `qeval shape`), each precision gets a
 shape build (quant/shape.py: the model's config.json with that precision's own quantization_config, no
 weights) that vLLM serves with its dummy loader and no tokenizer; the load generator sends random token ids
-of exactly the grid's input length, forces the output length, and checks both on every request (sweep.py).
+of exactly each scenario's input length, forces its output length, and checks both on every request
+(sweep.py); every scenario of the card (chat, RAG, ...) is swept in turn on the build's one server.
 vLLM picks its kernels as for a real checkpoint, and the stage records which. A build that a short probe at
 one user shows to be far outside the objective (FP8 emulated on a CPU: seconds per token) is recorded with
 the probe's figures as holding no users, and not swept, so that no level runs for hours. Every figure is
@@ -27,12 +28,12 @@ import eval.sizing as sizing
 from eval.engine import measure_copy_bandwidth
 from eval.gpus import peak_bandwidth
 from eval.speed import decode_step_bytes, mid_generation_context
-from pipelines.core.cards import ModelCard
+from pipelines.core.cards import ModelCard, Scenario, Slo
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.paths import resolve_repo_path, shown_path
 from pipelines.core.procs import running
-from pipelines.core.results import AtShape, DecodeCeiling, Probe, StageRecord, VllmSettings
+from pipelines.core.results import AtShape, DecodeCeiling, Probe, ScenarioSweep, StageRecord, VllmSettings
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import architecture_config
@@ -55,13 +56,30 @@ def label_of(card: ModelCard) -> str:
     return f"random weights at the shape of {card.source.hub_id or card.name}"
 
 
+def within_context(card: ModelCard, positions: int | None) -> dict[str, tuple[Scenario, str | None]]:
+    """The card's scenarios, each cut to fit the model's positions where its prompt and output do not (the
+    prompt is shortened, the output kept), with a line saying how; QevalError for an output that alone does
+    not fit."""
+    fitted = {}
+    for name, sc in card.speed.operating_points.items():
+        if not positions or sc.input_len + sc.output_len <= positions:
+            fitted[name] = (sc, None)
+            continue
+        if sc.output_len >= positions:
+            raise QevalError(f"model '{card.name}': scenario '{name}' asks for {sc.output_len} output tokens, and the "
+                             f"model has {positions} positions; shorten its output_len")  # fmt: skip
+        cut = sc.model_copy(update={"input_len": positions - sc.output_len})
+        fitted[name] = (cut, f"cut from {sc.input_len} tokens in: the model has {positions} positions")
+    return fitted
+
+
 def context_for(card: ModelCard, positions: int | None) -> int:
-    """vLLM's context per sequence: the card's, else what the grid needs (its longest prompt and output),
+    """vLLM's context per sequence: the card's, else what the scenarios need (the longest prompt and output),
     within the model's positions; never the whole context of a long-context model, whose KV cache for one
     sequence could take the cache space the batch needs."""
     if card.server.max_model_len:
         return card.server.max_model_len
-    needed = max(card.speed.input_lengths) + max(card.speed.output_lengths) + 8
+    needed = max(sc.input_len + sc.output_len for sc, _ in within_context(card, positions).values()) + 8
     return min(needed, positions) if positions else needed
 
 
@@ -87,7 +105,8 @@ def _bandwidth(device: str, device_name: str | None) -> tuple[float, str]:
 def decode_ceiling(shape: sizing.Shape, precision: str, group_size: int, kv_dtype_bytes: int,
                    load: loadgen.LoadSettings, bandwidth: tuple[float, str], tpot_ms: float | None,
                    device: str) -> DecodeCeiling:  # fmt: skip
-    """Measured decode at one user over the ceiling that bandwidth sets for the bytes a step reads."""
+    """Measured decode at one user over the ceiling that bandwidth sets for the bytes a step reads, at
+    mid-generation of `load`'s lengths."""
     weights = sizing.weight_bytes(shape, precision, group_size)
     context = mid_generation_context(load.input_len, load.output_len)
     step = decode_step_bytes(weights, shape.embedding_table_bytes, shape.kv_bytes_per_token(kv_dtype_bytes), 1,
@@ -128,24 +147,24 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
     device, device_name = engines.this_device()
     srv, s = card.server, card.speed
     opts = RecipeOptions(group_size=card.quantization.group_size, ignore=list(card.quantization.ignore))
+    positions = arch.get("max_position_embeddings")
     settings = VllmSettings(
-        device=device.kind, max_model_len=context_for(card, arch.get("max_position_embeddings")),
+        device=device.kind, max_model_len=context_for(card, positions),
         tensor_parallel=srv.tensor_parallel or 1, pipeline_parallel=srv.pipeline_parallel,
         kv_cache_dtype=srv.kv_cache_dtype,
         enforce_eager=device.kind == "cpu" if srv.enforce_eager is None else srv.enforce_eager,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb, random_weights=True,
     )  # fmt: skip
-    load = loadgen.LoadSettings(api="completions", concurrency=s.concurrency, requests_per_user=srv.requests_per_user,
-                                warmup=srv.warmup, input_len=s.input_len, output_len=s.output_len,
-                                exact_length="ignore_eos", timeout_s=srv.timeout_s)  # fmt: skip
+    points = _loads(card, positions)
     version = f"{vllm.distribution} {vllm.version}"
     inputs = {
         "config": file_digest([config]),
         "quantization_config": quantization_config(precision, opts),
         "engine_version": version,
         "vllm": settings.model_dump(),
-        "load": load.model_dump(),
-        "slo": s.slo.model_dump(),
+        "scenarios": {
+            name: {"load": load.model_dump(), "slo": slo.model_dump()} for name, (load, slo, _) in points.items()
+        },
         "probe": [PROBE_TOKENS, PROBE_MARGIN, PROBE_TIMEOUT_S],
     }
     label = f"{card.name}@{precision} ({label_of(card)})"
@@ -155,39 +174,64 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         build = write_shape_build(config, precision, opts, out / "build", local if local and has_tokenizer(local)
                                   else None)  # fmt: skip
         bandwidth = _bandwidth(device.kind, device_name)
-        prompts = loadgen.token_prompts(int(arch["vocab_size"]), loadgen.prompts_needed(load) + 2, load.input_len,
-                                        avoid=_special_ids(arch))  # fmt: skip
-        top = 4 * max(load.concurrency)
+        top = 4 * max(s.concurrency)
         ceiling = sweep.generator_ceiling(out, top, 4)
-        slo = serving.Slo(s.slo.ttft_ms, s.slo.tpot_ms)
         where = f"its log {out / 'server.log'}"
         cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
         log.info("starting vLLM for %s (log: %s)", label, out / "server.log")
+        swept: dict[str, tuple[Probe, list[serving.RequestRecord]]] = {}
         with running(cmd, out / "server.log", srv.start_timeout_s, f"vLLM for {label}", env) as base:
-            probe = _probe(label, base, str(build), load, prompts[-2:], slo, where)
-            log.info("%s: probe at one user: TTFT %s ms, TPOT %s ms: %s", label, _ms(probe.ttft_ms),
-                     _ms(probe.tpot_ms), probe.why)  # fmt: skip
-            records = [] if probe.too_slow else sweep.run_levels(label, base, str(build), load, prompts, slo, where)
-            sweep.check_alive(label, base, records, out, where)
-        serving.write_csv(records, out / "requests.csv")
-        summary = sweep.levels_summary(card, records, slo, ceiling)
+            for name, (load, objective, capped) in points.items():
+                if capped:
+                    log.info("%s, scenario %s: %s", label, name, capped)
+                swept[name] = _scenario(f"{label}, scenario {name}", base, str(build), arch, load, objective, where)
+                sweep.check_alive(label, base, swept[name][1], out, where)
         kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
-        one = summary["per_level"].get(1)
-        tpot = one.tpot_ms_p50 if one and one.tpot_ms_p50 else probe.tpot_ms
-        dtype_bytes = 1 if srv.kv_cache_dtype == "fp8" else 2
-        at = decode_ceiling(sizing.Shape.from_config(arch), precision, card.quantization.group_size, dtype_bytes,
-                            load, bandwidth, tpot, device_label(device.kind, device_name))  # fmt: skip
-        if at.measured_over_ceiling is not None:
-            log.info("%s: decode at one user %.1f tokens/s, %.0f%% of the %.1f tokens/s that %.1f GB/s allows",
-                     label, at.measured_tps, 100 * at.measured_over_ceiling, at.ceiling_tps,
-                     at.bandwidth_gb_s)  # fmt: skip
+        scenarios = {}
+        for name, (probe, records) in swept.items():
+            load, objective, capped = points[name]
+            serving.write_csv(records, out / f"requests-{name}.csv")
+            summary = sweep.levels_summary(records, serving.Slo(objective.ttft_ms, objective.tpot_ms), ceiling)
+            one = summary["per_level"].get(1)
+            tpot = one.tpot_ms_p50 if one and one.tpot_ms_p50 else probe.tpot_ms
+            at = decode_ceiling(sizing.Shape.from_config(arch), precision, card.quantization.group_size,
+                                1 if srv.kv_cache_dtype == "fp8" else 2, load, bandwidth, tpot,
+                                device_label(device.kind, device_name))  # fmt: skip
+            if at.measured_over_ceiling is not None:
+                log.info("%s, scenario %s: decode at one user %.1f tokens/s, %.0f%% of the %.1f tokens/s that "
+                         "%.1f GB/s allows", label, name, at.measured_tps, 100 * at.measured_over_ceiling,
+                         at.ceiling_tps, at.bandwidth_gb_s)  # fmt: skip
+            scenarios[name] = ScenarioSweep(load=load, slo=objective, capped=capped,
+                                            probe=probe if probe.too_slow else None, ceiling=at, **summary)  # fmt: skip
         return AtShape(
-            engine="vllm", engine_version=version, vllm=settings, kernels=kernels, execution=how, load=load,
-            weights=label_of(card), shape_config=shown_path(config), probe=probe if probe.too_slow else None,
-            ceiling=at, **summary,
+            engine_version=version, vllm=settings, kernels=kernels, execution=how, weights=label_of(card),
+            shape_config=shown_path(config), generator_ceiling=ceiling, scenarios=scenarios,
         )  # fmt: skip
 
     return run_stage(tracker, precision, AtShape, inputs, work, force=force)
+
+
+def _loads(card: ModelCard, positions: int | None) -> dict[str, tuple[loadgen.LoadSettings, Slo, str | None]]:
+    """Per scenario, within the model's context: the load generator's settings, its objective, how it was cut."""
+    srv, s = card.server, card.speed
+    common = {"api": "completions", "concurrency": s.concurrency, "requests_per_user": srv.requests_per_user,
+              "warmup": srv.warmup, "exact_length": "ignore_eos", "timeout_s": srv.timeout_s}  # fmt: skip
+    return {
+        name: (loadgen.LoadSettings(**common, input_len=sc.input_len, output_len=sc.output_len), s.slo_of(sc), capped)
+        for name, (sc, capped) in within_context(card, positions).items()
+    }
+
+
+def _scenario(label: str, base: str, model: str, arch: dict, load: loadgen.LoadSettings, objective: Slo,
+              where: str) -> tuple[Probe, list[serving.RequestRecord]]:  # fmt: skip
+    """One scenario on the running server: the probe, then the levels unless the probe found it too slow."""
+    prompts = loadgen.token_prompts(int(arch["vocab_size"]), loadgen.prompts_needed(load) + 2, load.input_len,
+                                    avoid=_special_ids(arch))  # fmt: skip
+    slo = serving.Slo(objective.ttft_ms, objective.tpot_ms)
+    probe = _probe(label, base, model, load, prompts[-2:], slo, where)
+    log.info("%s: probe at one user: TTFT %s ms, TPOT %s ms: %s", label, _ms(probe.ttft_ms), _ms(probe.tpot_ms),
+             probe.why)  # fmt: skip
+    return probe, [] if probe.too_slow else sweep.run_levels(label, base, model, load, prompts, slo, where)
 
 
 def _probe(label: str, base: str, model: str, load: loadgen.LoadSettings, prompts: list, slo: serving.Slo,

@@ -133,7 +133,7 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
             assumptions=a,
             fits=fits,
             bench_check=bench_check(bench.result if bench else None),
-            shape_check=at_shape.result.ceiling if at_shape else None,
+            shape_check=at_shape.result.main.ceiling if at_shape else None,
         )
 
     return run_stage(tracker, precision, Sized, inputs, work, force=force)

@@ -57,6 +57,9 @@ from pipelines.tracking.tables import (
     SHAPE_LOAD_SETTINGS,
     SHAPE_METRICS,
     SHAPE_PARAMS,
+    SHAPE_SCENARIO,
+    SHAPE_SCENARIO_METRICS,
+    SHAPE_SCENARIO_PARAMS,
     SHAPE_SERIES,
     SHAPE_VLLM_SETTINGS,
     SIZE_GPU_FIGURES,
@@ -126,13 +129,20 @@ def logged(result: StageResult) -> Logged:
             series = {n: [(p.batch, v) for p in points if (v := get(p)) is not None] for n, get in BENCH_SERIES.items()}
             params = _settings(result.config, ENGINE_SETTINGS) | _params(BENCH_PARAMS, result)
             return Logged(_numbers(BENCH_METRICS, result), series, params)
-        case AtShape():  # before Served, which it extends: its figures are random weights', under shape/*
-            levels = result.per_level.items()
-            series = {
-                n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None] for n, get in SHAPE_SERIES.items()
-            }
-            params = _settings(result.load, SHAPE_LOAD_SETTINGS) | _settings(result.vllm, SHAPE_VLLM_SETTINGS)
-            return Logged(_finite(_numbers(SHAPE_METRICS, result)), series, params | _params(SHAPE_PARAMS, result))
+        case AtShape():  # random weights' figures, under shape/*, per scenario under shape/<scenario>/
+            metrics, series = _numbers(SHAPE_METRICS, result), {}
+            params = _settings(result.vllm, SHAPE_VLLM_SETTINGS) | _params(SHAPE_PARAMS, result)
+            for name, sweep in result.scenarios.items():
+                prefix = SHAPE_SCENARIO.format(scenario=name)
+                metrics |= {prefix + k: v for k, v in _numbers(SHAPE_SCENARIO_METRICS, sweep).items()}
+                levels = sweep.per_level.items()
+                series |= {
+                    prefix + n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None]
+                    for n, get in SHAPE_SERIES.items()
+                }
+                each = _settings(sweep.load, SHAPE_LOAD_SETTINGS) | _params(SHAPE_SCENARIO_PARAMS, sweep)
+                params |= {k.format(scenario=name): v for k, v in each.items()}
+            return Logged(_finite(metrics), series, params)
         case Served():
             levels = result.per_level.items()
             series = {

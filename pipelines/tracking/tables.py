@@ -82,20 +82,26 @@ _THROUGHPUT = ["output_tps", "output_tps_per_user", "request_tps", "goodput_rps"
 SERVE_SERIES: dict[str, Getter] = {  # step = concurrency
     f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT
 }
-# the shape stage (random weights at the model's shape): its own names, never a real checkpoint's server/*
+# the shape stage (random weights at the model's shape): its own names, never a real checkpoint's server/*;
+# per scenario (the card's speed.scenarios, `default` where it names none) under shape/<scenario>/
 SHAPE_METRICS: dict[str, Getter] = {
-    "shape/max_users_at_slo": lambda s: s.max_users_at_slo,
-    "shape/failed_requests": lambda s: s.failed_requests,
     "shape/generator_ceiling_chunks_s": lambda s: s.generator_ceiling.chunks_per_s,
-    "shape/probe_ttft_ms": lambda s: s.probe and s.probe.ttft_ms,
-    "shape/probe_tpot_ms": lambda s: s.probe and s.probe.tpot_ms,
-    "shape/decode_step_bytes": lambda s: s.ceiling and s.ceiling.step_bytes,
-    "shape/decode_ceiling_tps": lambda s: s.ceiling and s.ceiling.ceiling_tps,
-    "shape/decode_measured_tps": lambda s: s.ceiling and s.ceiling.measured_tps,
-    "shape/decode_measured_over_ceiling": lambda s: s.ceiling and s.ceiling.measured_over_ceiling,
-    "shape/bandwidth_gb_s": lambda s: s.ceiling and s.ceiling.bandwidth_gb_s,
 }
-SHAPE_SERIES: dict[str, Getter] = {name.replace("server/", "shape/", 1): get for name, get in SERVE_SERIES.items()}
+SHAPE_SCENARIO = "shape/{scenario}/"
+SHAPE_SCENARIO_METRICS: dict[str, Getter] = {  # of a ScenarioSweep, each name after SHAPE_SCENARIO
+    "max_users_at_slo": lambda s: s.max_users_at_slo,
+    "failed_requests": lambda s: s.failed_requests,
+    "probe_ttft_ms": lambda s: s.probe and s.probe.ttft_ms,
+    "probe_tpot_ms": lambda s: s.probe and s.probe.tpot_ms,
+    "decode_step_bytes": lambda s: s.ceiling and s.ceiling.step_bytes,
+    "decode_ceiling_tps": lambda s: s.ceiling and s.ceiling.ceiling_tps,
+    "decode_measured_tps": lambda s: s.ceiling and s.ceiling.measured_tps,
+    "decode_measured_over_ceiling": lambda s: s.ceiling and s.ceiling.measured_over_ceiling,
+    "bandwidth_gb_s": lambda s: s.ceiling and s.ceiling.bandwidth_gb_s,
+}
+SHAPE_SERIES: dict[str, Getter] = {  # step = concurrency, each name after SHAPE_SCENARIO
+    name.removeprefix("server/"): get for name, get in SERVE_SERIES.items()
+}
 SIZE_METRICS: dict[str, Getter] = {
     "size/weights_gb": lambda s: s.weights_bytes / 1e9,
     "size/weights_gb_from_config": lambda s: s.weights_bytes_from_config / 1e9,
@@ -187,7 +193,7 @@ LOAD_SETTINGS = {
     "timeout_s": "server.timeout_s",
     "warmup_timeout_s": "server.warmup_timeout_s",
 }
-SHAPE_LOAD_SETTINGS = {k: v.replace("server.", "shape.", 1) for k, v in LOAD_SETTINGS.items()}
+SHAPE_LOAD_SETTINGS = {k: v.replace("server.", "shape.{scenario}.", 1) for k, v in LOAD_SETTINGS.items()}
 SHAPE_VLLM_SETTINGS = {k: v.replace("server.", "shape.", 1) for k, v in VLLM_SETTINGS.items()}
 NOT_SETTINGS = {  # config type name -> its fields that are not settings, and why
     "QuantizeConfig": {"base": "a path; its digest is in the cache key", "precision": "the run's tag"},
@@ -249,10 +255,16 @@ SHAPE_PARAMS: dict[str, Getter] = {
     "shape.engine_version": lambda s: s.engine_version,
     "shape.kernels": lambda s: s.kernel_names,
     "shape.execution": lambda s: s.execution,
-    "shape.device": lambda s: s.ceiling and s.ceiling.device,
-    "shape.bandwidth": lambda s: s.ceiling and f"{s.ceiling.bandwidth_gb_s:.1f} GB/s ({s.ceiling.bandwidth_source})",
-    "shape.probe": lambda s: s.probe and s.probe.why,
-    "shape.slo": lambda s: f"TTFT p95 <= {s.slo.ttft_ms:g} ms, TPOT p95 <= {s.slo.tpot_ms:g} ms",
+    "shape.device": lambda s: s.main.ceiling and s.main.ceiling.device,
+    "shape.bandwidth": lambda s: (
+        s.main.ceiling and f"{s.main.ceiling.bandwidth_gb_s:.1f} GB/s ({s.main.ceiling.bandwidth_source})"
+    ),
+    "shape.scenarios": lambda s: list(s.scenarios),
+}
+SHAPE_SCENARIO_PARAMS: dict[str, Getter] = {  # of a ScenarioSweep
+    "shape.{scenario}.probe": lambda s: s.probe and s.probe.why,
+    "shape.{scenario}.slo": lambda s: f"TTFT p95 <= {s.slo.ttft_ms:g} ms, TPOT p95 <= {s.slo.tpot_ms:g} ms",
+    "shape.{scenario}.capped": lambda s: s.capped,
 }
 SIZE_PARAMS: dict[str, Getter] = {
     "size.grid": lambda s: f"batch {s.batch}, {s.input_len} in, {s.output_len} out",
@@ -271,15 +283,16 @@ NAMES: dict[str, list[str]] = {
     "experiment": [EXPERIMENT],
     "metrics": [
         *QUANTIZE_METRICS, *BENCH_METRICS, *SERVE_METRICS, *SHAPE_METRICS, *SIZE_METRICS, *GATE_METRICS,
+        *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SCENARIO_METRICS),
         *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC, SERVED_METRIC)), "eval/<task>/<metric>_stderr",
         *(_templated(SERVED_DIFF).replace("<bound>", b) for b in ("", "_lower", "_upper")),
         *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
     ],
-    "series": [*BENCH_SERIES, *SERVE_SERIES, *SHAPE_SERIES],
+    "series": [*BENCH_SERIES, *SERVE_SERIES, *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SERIES)],
     "params": sorted({
         *QUANTIZE_SETTINGS.values(), *VERIFY_SETTINGS.values(), *EVAL_SETTINGS.values(), *ENGINE_SETTINGS.values(),
         *LOAD_SETTINGS.values(), *VLLM_SETTINGS.values(), *QUANTIZE_PARAMS, *EVAL_PARAMS, *BENCH_PARAMS,
-        *SERVE_PARAMS, *SHAPE_PARAMS, *SHAPE_LOAD_SETTINGS.values(),
+        *SERVE_PARAMS, *SHAPE_PARAMS, *map(_templated, [*SHAPE_SCENARIO_PARAMS, *SHAPE_LOAD_SETTINGS.values()]),
         *SHAPE_VLLM_SETTINGS.values(), *SIZE_PARAMS,
         _templated(GATE_PARAM), PARAM_PRECISION,
     }),
