@@ -266,11 +266,7 @@ def size(
     card = cards_mod.load_card(model)
     chosen = _builds(card, precision, card.precisions)
     names = gpu or [g.name for g in gpus.CATALOG]
-    s = card.speed
-    grid = {"batch": batch or s.largest_batch, "input_len": input_len or s.input_len,
-            "output_len": output_len or s.output_len}  # fmt: skip
-    a = size_stage.assumptions(card, mbu=mbu)
-    fits = size_stage.fits_table(card, chosen, names, **grid, a=a)
+    grid, a, fits = size_stage.projection(card, chosen, names, batch, input_len, output_len, mbu)
     out.print(console.fits(model, fits, grid, a))
     if log:
         tracker = _tracker(model)

@@ -92,6 +92,18 @@ def bench_check(bench: Benched | None) -> BenchCheck | None:
     return BenchCheck(decode_ceiling=ceiling, decode_measured=measured, measured_over_ceiling=measured / ceiling)
 
 
+def projection(card: ModelCard, precisions: list[str], gpu_names: list[str], batch: int | None,
+               input_len: int | None, output_len: int | None,
+               mbu: float) -> tuple[dict[str, int], sizing.Assumptions, list[sizing.Fit]]:  # fmt: skip
+    """`qeval size`'s table: each precision on each GPU at a grid point (the card's where one is not given),
+    the grid point, and what the projection assumed."""
+    s = card.speed
+    grid = {"batch": batch or s.largest_batch, "input_len": input_len or s.input_len,
+            "output_len": output_len or s.output_len}  # fmt: skip
+    a = assumptions(card, mbu=mbu)
+    return grid, a, fits_table(card, precisions, gpu_names, **grid, a=a)
+
+
 def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False) -> StageRecord[Sized]:
     """Project memory and speed of one build on the card's GPUs and log them."""
     card.require_precision(precision)
