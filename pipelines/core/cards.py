@@ -146,6 +146,11 @@ class Speed(_Strict):
     def slo_of(self, scenario: Scenario) -> Slo:
         return scenario.slo or self.slo
 
+    @property
+    def main_slo(self) -> Slo:
+        """The objective of the main scenario: the one the serve stage's users are held to."""
+        return self.slo_of(self.main_scenario[1])
+
 
 class Server(_Strict):
     """The server benchmark: an OpenAI-compatible server per build, swept over speed.concurrency.

@@ -158,7 +158,7 @@ def speed_against_batch(card: ModelCard, how: str):
 def latency_against_users(card: ModelCard, how: str):
     """Server sweep: p95 TTFT and p95 TPOT against concurrent users, with the SLO's lines."""
     fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
-    slo = card.speed.slo
+    slo = card.speed.main_slo
     for precision in card.precisions:
         served: Served | None = result_of(card.name, precision, Served)
         if served is None:

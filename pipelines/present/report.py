@@ -85,7 +85,7 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
         "Policy (model card `gate:`): " + policy_text(decision) + ".",
     ]
     if limits := slo_limits(card):
-        slo = card.speed.slo
+        slo = card.speed.main_slo
         title = (
             f"## Users within the latency objective (TTFT p95 <= {slo.ttft_ms:g} ms, TPOT p95 <= {slo.tpot_ms:g} ms)"
         )
@@ -98,6 +98,8 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
     for b in decision.builds:
         lines.append(f"- **{b.precision}: {b.verdict}**")
         lines += [f"  - {r}" for r in b.reasons]
+    name, main = card.speed.main_scenario
+    slo = card.speed.main_slo
     lines += [
         "",
         "## How these were measured",
@@ -105,9 +107,9 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
         f"- Speed (the gate's, {decision.speed_axis}): {_how(card)}"
         + ("." if card.gate.speed_regime == "server" else "; decode tokens/s per user = 1 / median time per token."),
         f"- Server: {_engine(card)} over an OpenAI-compatible endpoint, closed-loop load at "
-        f"{card.speed.concurrency} concurrent users, {card.speed.input_len} tokens in and "
-        f"{card.speed.output_len} out; SLO TTFT p95 <= {card.speed.slo.ttft_ms:g} ms and TPOT p95 <= "
-        f"{card.speed.slo.tpot_ms:g} ms; goodput counts the requests that met both.",
+        f"{card.speed.concurrency} concurrent users, {main.input_len} tokens in and {main.output_len} out "
+        f"(scenario {name}); SLO TTFT p95 <= {slo.ttft_ms:g} ms and TPOT p95 <= {slo.tpot_ms:g} ms; goodput "
+        "counts the requests that met both.",
         "- Recovery: quantized score / baseline score (baseline / quantized for lower-is-better metrics), "
         f"with a paired bootstrap over the same documents ({decision.policy.bootstrap_resamples:,} resamples); "
         "for 0/1 outcomes the exact McNemar p-value is in gate.json.",

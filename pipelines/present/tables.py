@@ -76,7 +76,7 @@ def short_table(decision: Decision) -> list[str]:
 
 def slo_limits(card: ModelCard) -> list[str]:
     """Per build, how many users the server held within the SLO and what broke it at the next level."""
-    slo, lines = card.speed.slo, []
+    slo, lines = card.speed.main_slo, []
     for p in card.precisions:
         served = result_of(card.name, p, Served)
         if served is None:
