@@ -17,7 +17,7 @@ from eval.sizing import Shape
 from pipelines.core.cards import parse_card
 from pipelines.core.errors import QevalError
 from pipelines.core.registry import FULL_RUN, SPEED_HALF
-from pipelines.stages.shape import PROBE_MARGIN, context_for, decode_ceiling, probe_verdict, within_context
+from pipelines.stages.shape import PROBE_MARGIN, context_for, decode_ceiling, probe_verdict
 from quant.precisions import PRECISIONS
 from quant.recipes import RecipeOptions
 from quant.shape import quantization_config, write_shape_build
@@ -205,15 +205,15 @@ def test_a_scenario_longer_than_the_model_is_cut_to_its_positions(cards):
     card = load_card("ref-lm")
     long = {"short": Scenario(input_len=100, output_len=20), "long": Scenario(input_len=600, output_len=64)}
     card = card.model_copy(update={"speed": card.speed.model_copy(update={"scenarios": long})})
-    fitted = within_context(card, 512)
+    fitted = card.scenarios_within(512)
     assert fitted["short"] == (long["short"], None)
     cut, how = fitted["long"]
     assert (cut.input_len, cut.output_len) == (448, 64)
     assert how == "cut from 600 tokens in: the model has 512 positions"
     assert context_for(card, 512) == 512
     with pytest.raises(QevalError, match="scenario 'long' asks for 600 output tokens"):
-        within_context(card.model_copy(update={"speed": card.speed.model_copy(update={"scenarios": {
-            "long": Scenario(input_len=8, output_len=600)}})}), 512)  # fmt: skip
+        card.model_copy(update={"speed": card.speed.model_copy(update={"scenarios": {
+            "long": Scenario(input_len=8, output_len=600)}})}).scenarios_within(512)  # fmt: skip
 
 
 def test_each_scenario_is_logged_under_its_own_names():

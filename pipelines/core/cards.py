@@ -310,6 +310,21 @@ class ModelCard(_Strict):
         chosen = {n: known[n] for n in dict.fromkeys(names)}
         return self.model_copy(update={"speed": self.speed.model_copy(update={"scenarios": chosen})})
 
+    def scenarios_within(self, positions: int | None) -> dict[str, tuple[Scenario, str | None]]:
+        """The scenarios, each cut to fit the model's positions where its prompt and output do not (the prompt
+        shortened, the output kept), with a line saying how; QevalError for an output that alone does not fit."""
+        fitted = {}
+        for name, sc in self.speed.operating_points.items():
+            if not positions or sc.input_len + sc.output_len <= positions:
+                fitted[name] = (sc, None)
+                continue
+            if sc.output_len >= positions:
+                raise QevalError(f"model '{self.name}': scenario '{name}' asks for {sc.output_len} output tokens, and "
+                                 f"the model has {positions} positions; shorten its output_len")  # fmt: skip
+            cut = sc.model_copy(update={"input_len": positions - sc.output_len})
+            fitted[name] = (cut, f"cut from {sc.input_len} tokens in: the model has {positions} positions")
+        return fitted
+
     def require_precision(self, precision: str) -> None:
         """QevalError unless `precision` is known and built for this model."""
         try:

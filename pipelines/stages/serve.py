@@ -94,7 +94,10 @@ def serve(
     """Sweep one build's server over the card's concurrency levels (and score it, where asked) and log it."""
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
     srv, s = card.server, card.speed
-    _, scenario = s.main_scenario
+    name = s.main_scenario[0]
+    scenario, capped = card.scenarios_within(served_accuracy.model_positions(checkpoint))[name]
+    if capped:
+        log.info("%s@%s, scenario %s: %s", card.name, precision, name, capped)
     engine = "external" if url else engines.choose_engine(srv.engine)
     device, device_name = engines.this_device()
     vllm, settings = None, None

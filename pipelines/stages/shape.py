@@ -28,7 +28,7 @@ import eval.sizing as sizing
 from eval.engine import measure_copy_bandwidth
 from eval.gpus import peak_bandwidth
 from eval.speed import decode_step_bytes, mid_generation_context
-from pipelines.core.cards import ModelCard, Scenario, Slo
+from pipelines.core.cards import ModelCard, Slo
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.paths import resolve_repo_path, shown_path
@@ -56,30 +56,13 @@ def label_of(card: ModelCard) -> str:
     return f"random weights at the shape of {card.source.hub_id or card.name}"
 
 
-def within_context(card: ModelCard, positions: int | None) -> dict[str, tuple[Scenario, str | None]]:
-    """The card's scenarios, each cut to fit the model's positions where its prompt and output do not (the
-    prompt is shortened, the output kept), with a line saying how; QevalError for an output that alone does
-    not fit."""
-    fitted = {}
-    for name, sc in card.speed.operating_points.items():
-        if not positions or sc.input_len + sc.output_len <= positions:
-            fitted[name] = (sc, None)
-            continue
-        if sc.output_len >= positions:
-            raise QevalError(f"model '{card.name}': scenario '{name}' asks for {sc.output_len} output tokens, and the "
-                             f"model has {positions} positions; shorten its output_len")  # fmt: skip
-        cut = sc.model_copy(update={"input_len": positions - sc.output_len})
-        fitted[name] = (cut, f"cut from {sc.input_len} tokens in: the model has {positions} positions")
-    return fitted
-
-
 def context_for(card: ModelCard, positions: int | None) -> int:
     """vLLM's context per sequence: the card's, else what the scenarios need (the longest prompt and output),
     within the model's positions; never the whole context of a long-context model, whose KV cache for one
     sequence could take the cache space the batch needs."""
     if card.server.max_model_len:
         return card.server.max_model_len
-    needed = max(sc.input_len + sc.output_len for sc, _ in within_context(card, positions).values()) + 8
+    needed = max(sc.input_len + sc.output_len for sc, _ in card.scenarios_within(positions).values()) + 8
     return min(needed, positions) if positions else needed
 
 
@@ -218,7 +201,7 @@ def _loads(card: ModelCard, positions: int | None) -> dict[str, tuple[loadgen.Lo
               "warmup": srv.warmup, "exact_length": "ignore_eos", "timeout_s": srv.timeout_s}  # fmt: skip
     return {
         name: (loadgen.LoadSettings(**common, input_len=sc.input_len, output_len=sc.output_len), s.slo_of(sc), capped)
-        for name, (sc, capped) in within_context(card, positions).items()
+        for name, (sc, capped) in card.scenarios_within(positions).items()
     }
 
 
