@@ -175,7 +175,7 @@ def _sweep(
     top = 4 * max(load.concurrency)
     ceiling = sweep.generator_ceiling(out, top, 4)
     log.info("load generator ceiling: %.0f chunks/s at concurrency %d", ceiling.chunks_per_s, top)
-    objective = card.speed.slo_of(card.speed.main_scenario[1])
+    objective = card.speed.main_slo
     slo = serving.Slo(objective.ttft_ms, objective.tpot_ms)
     where = f"the server at {url}" if url else f"its log {out / 'server.log'}"
 
