@@ -34,6 +34,11 @@ def test_run_does_every_stage_then_skips_them(own_root):
         "speed_vs_batch.png",
     ]
     assert all(Path(p).stat().st_size > 1000 for p in doc["report"])
+    # the card's traffic (ref-lm's: 64 users) priced on this CPU, measured, and on its GPUs, projected
+    report = next(Path(p) for p in doc["report"] if p.endswith("report.md")).read_text()
+    capacity = report.split("## Capacity and cost: 64 concurrent users at peak, scenario default")[1]
+    assert "| build | verdict | worst recovery | cpu | h100-sxm | l4 | crossover |" in capacity
+    assert "(measured)" in capacity and "(projected)" in capacity and "per 1M output tokens" in capacity
     precisions = ["bf16", "fp8", "int8", "awq", "gptq"]
     assert [(s["stage"], s["precision"]) for s in stages] == [
         (stage, p) for stage in ("quantize", "evaluate", "bench", "size", "serve") for p in precisions

@@ -289,6 +289,10 @@ target_gpus: [l4]
 gate:
   speed_regime: server
   min_speedup: null
+traffic:
+  users: 8
+  scenario: long
+  prices: {{cpu: 0.1}}
 """
 
 
@@ -335,6 +339,11 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
     assert "### long: speed-up over bf16" in report and "| int8 |" in report and "measured / ceiling" in report
     for name in ("short", "long"):
         assert (workdir / f"reports/tiny-shape/speed_at_shape-{name}.png").stat().st_size > 10_000
+    # the capacity and cost table of the card's traffic: this CPU measured (priced), the L4 projected (not)
+    assert "## Capacity and cost: 8 concurrent users at peak, scenario long (1016 tokens in, 8 out)" in report
+    table = report.split("## Capacity and cost")[1]
+    assert "| build | verdict | worst recovery | cpu | l4 | crossover |" in table
+    assert "(measured)" in table and "device-hour per hour, no price in the card; projected)" in table
 
     from mlflow.tracking import MlflowClient
 
@@ -350,6 +359,8 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
             "shape/generator_ceiling_chunks_s"} <= set(metrics)  # fmt: skip
     assert not [m for m in metrics if m.startswith("server/")]  # random weights never pass for a checkpoint's
     assert runs[0].data.params["shape.weights"].startswith("random weights at the shape of")
+    (summary,) = client.search_runs([exp.experiment_id], "tags.`qeval.kind` = 'summary'")
+    assert "report/capacity_table.json" in {a.path for a in client.list_artifacts(summary.info.run_id, "report")}
     from mlflow.exceptions import MlflowException
 
     with pytest.raises(MlflowException):  # nothing was registered, so no alias points anywhere

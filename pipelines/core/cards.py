@@ -17,6 +17,7 @@ from eval.gpus import get_gpu
 from eval.paired import Bootstrap, Threshold
 from pipelines.core.errors import QevalError
 from pipelines.core.paths import cards_dir
+from pipelines.core.traffic import Traffic
 from quant import recipes
 from quant.precisions import PRECISIONS, get_precision
 from quant.registry import suggest
@@ -255,6 +256,7 @@ class ModelCard(_Strict):
     server: Server = Server()
     target_gpus: list[str] = Field([], description="GPUs to size the builds for")
     gate: Gate = Gate()
+    traffic: Traffic | None = Field(None, description="the load and prices the capacity and cost tables are for")
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelCard:
@@ -282,6 +284,8 @@ class ModelCard(_Strict):
             raise ValueError(
                 f"gate.speed_users {self.gate.speed_users} is not among speed.concurrency {self.speed.concurrency}"
             )
+        if self.traffic and self.traffic.scenario not in (None, *self.speed.operating_points):
+            raise ValueError(f"traffic.scenario '{self.traffic.scenario}' is not among speed.scenarios")
         if self.gate.speed_batch not in self.speed.batch_sizes:
             raise ValueError(
                 f"gate.speed_batch {self.gate.speed_batch} is not among speed.batch_sizes {self.speed.batch_sizes}"

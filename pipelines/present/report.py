@@ -10,6 +10,7 @@ size, memory. The same charts and the table go to the model's summary run in MLf
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipelines.core.cards import ModelCard
@@ -18,7 +19,7 @@ from pipelines.core.paths import reports_dir
 from pipelines.core.results import Benched, Served, result_of
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
-from pipelines.present import charts, formats, shapes
+from pipelines.present import capacity, charts, formats, shapes
 from pipelines.present.tables import (
     fits_section,
     policy_text,
@@ -94,6 +95,7 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
     for i in range(len(cols["build"])):
         lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
     lines += fits_section(card)
+    lines += capacity.section(card, decision)
     lines += ["", "## Reasons", ""]
     for b in decision.builds:
         lines.append(f"- **{b.precision}: {b.verdict}**")
@@ -149,8 +151,19 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     cols = table(card, decision)
     # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
     history = {"decided": [decision.decided] * len(cols["build"]), **cols}
-    return _publish(out, figures, markdown(card, decision, cols, list(figures)), {"gate_table.json": history},
-                    tracker)  # fmt: skip
+    tables = {"gate_table.json": history, **_capacity_table(card, decision)}
+    return _publish(out, figures, markdown(card, decision, cols, list(figures)), tables, tracker)
+
+
+def _capacity_table(card: ModelCard, decision: Decision | None) -> dict[str, dict[str, list]]:
+    """The capacity and cost table as MLflow's log_table takes it, where the card states its traffic (each
+    logging's rows carry its time: MLflow appends to the table already logged under that name)."""
+    tab = capacity.table(card, decision)
+    if tab is None:
+        return {}
+    cols = capacity.columns(tab)
+    when = decision.decided if decision else datetime.now(UTC).isoformat(timespec="seconds")
+    return {"capacity_table.json": {"logged": [when] * len(cols["build"]), **cols}}
 
 
 def _publish(out: Path, figures: dict, text: str, tables: dict, tracker: Tracker) -> list[Path]:
@@ -176,5 +189,6 @@ def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
         for name in shapes.scenario_names(shaped)
     }  # fmt: skip
     lines = shapes.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
+    lines += capacity.section(card)
     lines += ["", *(f"![{n}]({n})" for n in figures), ""]
-    return _publish(out, figures, "\n".join(lines), {}, tracker)
+    return _publish(out, figures, "\n".join(lines), _capacity_table(card, None), tracker)

@@ -1,0 +1,163 @@
+"""Capacity and cost: how many devices a build needs for a card's traffic within its objective, and what that
+costs (pure functions: numbers in, numbers out).
+
+An instance is one server of a build: `devices` GPUs (its tensor-parallel degree) or one CPU machine. What
+one instance serves within the objective is either measured, from a sweep's levels on that device
+(`measured`), or projected from the model's bytes and FLOPs at a stated share of the device's peak
+(`project`). The traffic is peak concurrent users, or a request rate that Little's law turns into users:
+users = requests/s x end-to-end latency at that load. Then
+
+    instances = ceil(users needed / users per instance),  devices = instances x devices per instance,
+    $ per hour = devices x $ per device-hour,
+    $ per million output tokens = $ per instance-hour / (output tokens/s x 3600) x 1e6,
+    $ per request = $ per instance-hour / (requests/s x 3600),
+
+the last two at the instance's highest-throughput load within the objective. A build that fits no device,
+or meets the objective at no load, says so instead of dividing by zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from eval.gpus import Gpu
+from eval.serving import LevelMetrics, max_users_at_slo
+from eval.sizing import Assumptions, Shape, workspace_bytes
+from eval.speed import decode_step_bytes, mid_generation_context
+
+TP_DEGREES = (1, 2, 4, 8)
+
+
+def engine_max_sequences(gpu: Gpu) -> int:
+    """The sequences vLLM's server batches at most by default on this GPU (`--max-num-seqs`): 1,024 on one
+    of 70 GiB or more but an A100, else 256 (vllm/engine/arg_utils.py, vLLM 0.32)."""
+    return 1024 if gpu.memory_gib >= 70 and "a100" not in gpu.name else 256
+
+
+@dataclass(frozen=True)
+class PerInstance:
+    """What one instance of a build serves within the objective."""
+
+    users: int  # concurrent users within the objective (0: not even one)
+    output_tps: float  # output tokens/s at the highest-throughput load within the objective
+    request_rps: float  # finished requests/s at that load
+    e2e_s: float  # end-to-end latency (p50) at that load
+    devices: int  # GPUs per instance (its tensor-parallel degree); 1 for a CPU machine
+    measured: bool  # False: projected
+    how: str  # one phrase: where it was measured, or what the projection assumed
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A build on one device kind, for the traffic; None where it cannot serve it (`why` says why)."""
+
+    users_needed: float
+    instances: int | None
+    devices: int | None  # devices in all: device-hours per hour
+    usd_per_hour: float | None  # None without a price
+    usd_per_mtok: float | None  # $ per million output tokens
+    usd_per_request: float | None
+    why: str | None = None  # why it cannot serve the traffic (instances None)
+
+
+def users_for_rate(rate_rps: float, e2e_s: float) -> float:
+    """Little's law: the concurrent users a request rate keeps in flight at an end-to-end latency."""
+    return rate_rps * e2e_s
+
+
+def measured(levels: Mapping[int, LevelMetrics], *, devices: int = 1, how: str) -> PerInstance:
+    """One instance as a sweep measured it: its users within the objective (the largest level that met it,
+    every lower one meeting it too: eval/serving.py), and the throughput of the highest-throughput level
+    among those."""
+    users = max_users_at_slo(dict(levels))
+    within = [m for c, m in levels.items() if c <= users and m.output_tps and m.request_tps and m.e2e_ms_p50]
+    if not users or not within:
+        return PerInstance(0, 0.0, 0.0, math.inf, devices, True, how)
+    best = max(within, key=lambda m: m.output_tps or 0.0)
+    return PerInstance(users, best.output_tps or 0.0, best.request_tps or 0.0, (best.e2e_ms_p50 or 0) / 1000,
+                       devices, True, how)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Projected:
+    """The projection's figures at one load, for the tables that show how a projected cell was reached."""
+
+    users: int
+    tpot_s: float
+    ttft_s: float
+    max_sequences: int
+
+
+def tensor_parallel(shape: Shape, weights: float, gpu: Gpu, context: int, a: Assumptions) -> int | None:
+    """The fewest GPUs (1, 2, 4, 8) whose memory holds the weights and one sequence's KV cache."""
+    for n in TP_DEGREES:
+        if _kv_room(shape, weights, gpu, n, a) >= context * shape.kv_bytes_per_token(a.kv_dtype_bytes):
+            return n
+    return None
+
+
+def _kv_room(shape: Shape, weights: float, gpu: Gpu, n: int, a: Assumptions) -> float:
+    """Bytes left for the KV cache on `n` GPUs, each reserving its runtime and activation workspace."""
+    reserve = a.runtime_reserve_gib * 2**30 + workspace_bytes(shape, a.prefill_tokens)
+    per_gpu = gpu.memory_bytes * a.utilization - reserve
+    return n * per_gpu - weights
+
+
+def project(shape: Shape, precision: str, gpu: Gpu, *, weights: float, input_len: int, output_len: int,
+            ttft_ms: float, tpot_ms: float, a: Assumptions,
+            tp: int | None = None) -> tuple[PerInstance, Projected] | None:  # fmt: skip
+    """One instance of the build on `tp` GPUs (the fewest that hold it, if None), projected: a decode step
+    at c users takes the longer of its bytes over `a.mbu` of the GPUs' bandwidth and its FLOPs over `a.mfu` of
+    their peak, the FLOPs counting c / output_len prompts' prefill (each request's prefill spread over its
+    output steps, as chunked prefill mixes them in); TTFT is one prompt's prefill at `a.mfu` (no queueing);
+    the users are the most whose TPOT and TTFT are within the objective, whose KV cache fits and that vLLM
+    batches (engine_max_sequences). None where no degree holds one sequence."""
+    context = input_len + output_len
+    n = tp or tensor_parallel(shape, weights, gpu, context, a)
+    if n is None:
+        return None
+    kv_tok = shape.kv_bytes_per_token(a.kv_dtype_bytes)
+    max_seqs = min(
+        engine_max_sequences(gpu), max(0, math.floor(_kv_room(shape, weights, gpu, n, a) / (context * kv_tok)))
+    )
+    bandwidth = n * gpu.bandwidth * a.mbu
+    flops = n * gpu.compute_flops(precision) * a.mfu
+    mid = mid_generation_context(input_len, output_len)
+    token_flops = 2 * (shape.linear_params + shape.lm_head_params)
+    prefill = token_flops * input_len + 2 * shape.layers * input_len**2 * shape.heads * shape.head_dim
+    ttft = prefill / flops
+
+    def tpot(c: int) -> float:
+        step_flops = c * token_flops + c / output_len * prefill
+        return max(decode_step_bytes(weights, shape.embedding_table_bytes, kv_tok, c, mid) / bandwidth,
+                   step_flops / flops)  # fmt: skip
+
+    users = 0
+    if ttft * 1000 <= ttft_ms and max_seqs >= 1 and tpot(1) * 1000 <= tpot_ms:
+        lo, hi = 1, max_seqs  # the most users within the objective: TPOT grows with the users
+        while lo < hi:
+            mid_c = (lo + hi + 1) // 2
+            lo, hi = (mid_c, hi) if tpot(mid_c) * 1000 <= tpot_ms else (lo, mid_c - 1)
+        users = lo
+    step = tpot(max(users, 1))
+    e2e = ttft + (output_len - 1) * step
+    how = f"projected at {a.mbu:.0%} of peak bandwidth and {a.mfu:.0%} of peak FLOP/s"
+    per = PerInstance(users, users / step if users else 0.0, users / e2e if users else 0.0, e2e, n, False, how)
+    return per, Projected(users, step, ttft, max_seqs)
+
+
+def cost(per: PerInstance | None, users_needed: float, price_per_device_hour: float | None) -> Cost:
+    """The instances and devices `users_needed` take, and their price; a build that cannot serve says why."""
+    if per is None:
+        return Cost(users_needed, None, None, None, None, None, "does not fit on 8 of these")
+    if per.users == 0:
+        return Cost(users_needed, None, None, None, None, None, "meets the objective at no load")
+    instances = max(1, math.ceil(users_needed / per.users))
+    devices = instances * per.devices
+    if price_per_device_hour is None:
+        return Cost(users_needed, instances, devices, None, None, None)
+    instance_hour = price_per_device_hour * per.devices
+    return Cost(users_needed, instances, devices, devices * price_per_device_hour,
+                instance_hour / (per.output_tps * 3600) * 1e6, instance_hour / (per.request_rps * 3600))  # fmt: skip

@@ -1,0 +1,44 @@
+"""A card's traffic and prices (`traffic:`), which the capacity and cost tables are computed for.
+
+Peak concurrent users, or a peak request rate that Little's law turns into users at the scenario's
+latency (eval/capacity.py); optionally the dollars per hour of one device of each kind (no built-in price
+list: prices go stale and differ by contract, and without them the tables show device-hours); and the share
+of a device's peak bandwidth a projection assumes where nothing was measured on it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from eval.gpus import get_gpu
+
+CPU = "cpu"
+"""The price key of a CPU machine, the device the sweeps run on where there is no GPU."""
+
+
+class Traffic(BaseModel):
+    """What the deployment must serve, and what its devices cost."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    users: Annotated[int, Field(gt=0)] | None = Field(None, description="peak concurrent users")
+    rate_rps: float | None = Field(None, gt=0, description="peak requests per second (instead of users)")
+    scenario: str | None = Field(None, description="the scenario the traffic is in; null: the card's main one")
+    prices: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        {}, description=f"$ per hour of one device, by GPU name (eval/gpus.py) or '{CPU}'"
+    )
+    projected_mbu: float = Field(
+        0.6, gt=0, le=1, description="share of peak bandwidth a projected decode reaches (no measurement there)"
+    )
+    projected_mfu: float = Field(0.5, gt=0, le=1, description="share of peak FLOP/s a projected prefill reaches")
+
+    @model_validator(mode="after")
+    def _one_load(self) -> Traffic:
+        if (self.users is None) == (self.rate_rps is None):
+            raise ValueError("give the peak load one way: users or rate_rps")
+        for name in self.prices:
+            if name != CPU:
+                get_gpu(name)
+        return self

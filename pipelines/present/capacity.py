@@ -1,0 +1,211 @@
+"""The capacity and cost table of a card's traffic (`traffic:`), and its Markdown.
+
+Rows are builds, columns device kinds: the device a sweep ran on (measured: the serve stage's sweep of a
+real checkpoint where it swept the traffic's scenario, else the shape stage's at random weights) and the
+card's GPUs (projected from the size stage's bytes at the card's stated bandwidth share; eval/capacity.py).
+Each cell is the devices the traffic needs within the scenario's objective, their price per hour, per
+million output tokens and per request, and says whether it was measured or projected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import eval.capacity as capacity
+import eval.gpus as gpus
+from eval.serving import LevelMetrics, crossovers, speedups
+from eval.sizing import Shape
+from pipelines.core.cards import ModelCard, Scenario, Slo
+from pipelines.core.errors import QevalError
+from pipelines.core.results import AtShape, Served, Sized, result_of
+from pipelines.core.traffic import CPU
+from pipelines.core.verdicts import Decision
+from pipelines.core.weights import architecture_config
+
+
+@dataclass(frozen=True)
+class Cell:
+    device: str  # "cpu" or a GPU's catalog name
+    per: capacity.PerInstance | None  # None: no tensor-parallel degree holds the build
+    cost: capacity.Cost
+    price: float | None  # $ per device-hour, from the card
+
+
+@dataclass(frozen=True)
+class Row:
+    precision: str
+    cells: dict[str, Cell]
+    verdict: str | None  # the gate's, where it ran
+    worst: str | None  # the worst task's recovery interval
+    crossover: str  # where its throughput against the baseline's crosses 1 in the measured sweep
+
+
+@dataclass(frozen=True)
+class Table:
+    scenario: str
+    lengths: tuple[int, int]
+    slo: Slo
+    load: str  # the traffic in words
+    devices: list[str]
+    rows: list[Row]
+
+
+Found = tuple[str, dict[int, LevelMetrics], str]
+
+
+def _measured(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found | None:
+    """(device, levels, how) of the sweep that measured the build in this scenario: the serve stage's of the
+    real checkpoint (its prompt possibly cut to the model's positions), else the shape stage's."""
+    served = result_of(card.name, precision, Served)
+    if served and served.vllm and served.load.output_len == sc.output_len and served.load.input_len <= sc.input_len:
+        device = CPU if served.vllm.device == "cpu" else "cuda"
+        return device, served.per_level, f"measured: {served.engine_version or served.engine} sweep on {device}"
+    shaped = result_of(card.name, precision, AtShape)
+    sweep = shaped.scenarios.get(name) if shaped else None
+    if sweep is None:
+        return None
+    gpu = gpus.gpu_for_device(sweep.ceiling.device) if sweep.ceiling and shaped.vllm.device != "cpu" else None
+    device = gpu.name if gpu else (CPU if shaped.vllm.device == "cpu" else "cuda")
+    probed = " (probed at one user: too slow to sweep)" if sweep.probe else ""
+    how = f"measured: random weights at the shape, {shaped.engine_version} on {device}{probed}"
+    return device, sweep.per_level, how
+
+
+def _shape(card: ModelCard) -> tuple[Shape, int | None]:
+    """The model's shape and its positions, from its architecture config."""
+    path = architecture_config(card, "the capacity table")
+    try:
+        cfg = json.loads(path.read_text())
+        return Shape.from_config(cfg), cfg.get("text_config", cfg).get("max_position_embeddings")
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise QevalError(f"model '{card.name}': cannot read the architecture from {path}: {e}") from None
+
+
+def _needed(card: ModelCard, per: capacity.PerInstance | None) -> float:
+    t = card.traffic
+    if t.users is not None:
+        return float(t.users)
+    return capacity.users_for_rate(t.rate_rps, per.e2e_s) if per and per.users else 0.0
+
+
+def _cell(card: ModelCard, device: str, per: capacity.PerInstance | None) -> Cell:
+    price = card.traffic.prices.get(device)
+    return Cell(device, per, capacity.cost(per, _needed(card, per), price), price)
+
+
+def table(card: ModelCard, decision: Decision | None = None) -> Table | None:
+    """The card's capacity and cost table, or None where the card states no traffic or nothing was measured
+    or sized."""
+    t = card.traffic
+    if t is None:
+        return None
+    name = t.scenario or card.speed.main_scenario[0]
+    shape, positions = _shape(card)
+    sc = card.scenarios_within(positions)[name][0]  # as the servers swept it: cut to the model's positions
+    slo = card.speed.slo_of(sc)
+    verdicts = {b.precision: b for b in decision.builds} if decision else {}
+    rows, devices, sweeps = [], [], {}
+    for p in [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]:
+        cells = {}
+        if found := _measured(card, p, name, sc):
+            device, levels, how = found
+            sweeps[p] = levels
+            cells[device] = _cell(card, device, capacity.measured(levels, how=how))
+        sized = result_of(card.name, p, Sized)
+        if sized is not None:
+            a = dataclasses.replace(sized.assumptions, mbu=t.projected_mbu, mfu=t.projected_mfu)
+            for fit in sized.fits:
+                if fit.gpu in cells:
+                    continue
+                got = capacity.project(shape, p, gpus.get_gpu(fit.gpu), weights=sized.weights_bytes,
+                                       input_len=sc.input_len, output_len=sc.output_len, ttft_ms=slo.ttft_ms,
+                                       tpot_ms=slo.tpot_ms, a=a)  # fmt: skip
+                cells[fit.gpu] = _cell(card, fit.gpu, got[0] if got else None)
+        if not cells:
+            continue
+        devices += [d for d in cells if d not in devices]
+        b = verdicts.get(p)
+        worst = None
+        if b is not None and b.tasks:
+            task, c = b.worst_task()
+            worst = f"{task} {c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}]"
+        rows.append(Row(p, cells, str(b.verdict) if b else None, worst, _crossover(card, sweeps, p)))
+    if not rows:
+        return None
+    load = f"{t.users} concurrent users at peak" if t.users else f"{t.rate_rps:g} requests/s at peak (Little's law)"
+    return Table(name, (sc.input_len, sc.output_len), slo, load, devices, rows)
+
+
+def _crossover(card: ModelCard, sweeps: dict[str, dict[int, LevelMetrics]], p: str) -> str:
+    base = sweeps.get(card.gate.baseline)
+    if p == card.gate.baseline or base is None or p not in sweeps:
+        return "-"
+    ups = speedups(base, sweeps[p])
+    if not ups:
+        return "-"
+    crossed = crossovers(ups)
+    if crossed:
+        return "; ".join(f"{what} at {c} users" for c, what in crossed)
+    return f"{'faster' if min(ups.values()) > 1 else 'slower'} than {card.gate.baseline} at every level swept"
+
+
+def _usd(x: float) -> str:
+    return f"${x:,.2f}" if x >= 0.01 else f"${x:.3g}"
+
+
+def cell_text(cell: Cell) -> str:
+    """One cell: devices, $ per hour, $ per million tokens, $ per 1,000 requests, and whether measured."""
+    c, per = cell.cost, cell.per
+    if c.instances is None:
+        return f"{c.why} ({'measured' if per and per.measured else 'projected'})"
+    unit = "machine" if cell.device == CPU else "GPU"
+    what = f"{c.devices} {unit}{'s' if c.devices > 1 else ''}" + (f", TP {per.devices}" if per.devices > 1 else "")
+    where = "measured" if per.measured else "projected"
+    users = f"{per.users:,} user{'s' if per.users > 1 else ''} each"
+    if c.usd_per_hour is None:
+        hours = f"{c.devices} device-hour{'s' if c.devices > 1 else ''} per hour"
+        return f"{what} ({users}; {hours}, no price in the card; {where})"
+    return (f"{what} ({users}): {_usd(c.usd_per_hour)}/h, {_usd(c.usd_per_mtok)} per 1M output tokens, "
+            f"{_usd(1000 * c.usd_per_request)} per 1,000 requests ({where})")  # fmt: skip
+
+
+def section(card: ModelCard, decision: Decision | None = None) -> list[str]:
+    """The table as Markdown lines, with how each kind of cell was reached; empty without traffic."""
+    tab = table(card, decision)
+    if tab is None:
+        return []
+    slo = tab.slo
+    lines = [
+        "", f"## Capacity and cost: {tab.load}, scenario {tab.scenario} ({tab.lengths[0]} tokens in, "
+        f"{tab.lengths[1]} out)", "",
+        f"Devices the traffic needs with every user within the objective (TTFT p95 <= {slo.ttft_ms:g} ms, TPOT "
+        f"p95 <= {slo.tpot_ms:g} ms); $ per million output tokens and per 1,000 requests at one instance's "
+        "highest-throughput load within it. Measured cells come from a sweep on that device; projected ones "
+        "from the model's bytes and FLOPs (eval/capacity.py: "
+        f"{card.traffic.projected_mbu:.0%} of peak bandwidth, {card.traffic.projected_mfu:.0%} of peak FLOP/s, "
+        "one prompt's prefill as TTFT, no queueing).", "",
+        "| build | verdict | worst recovery | " + " | ".join(tab.devices) + " | crossover |",
+        "|---|---|---|" + "---|" * len(tab.devices) + "---|",
+    ]  # fmt: skip
+    for r in tab.rows:
+        cells = [cell_text(r.cells[d]) if d in r.cells else "-" for d in tab.devices]
+        lines.append(f"| {r.precision} | {r.verdict or '-'} | {r.worst or '-'} | " + " | ".join(cells)
+                     + f" | {r.crossover} |")  # fmt: skip
+    return lines
+
+
+def columns(tab: Table) -> dict[str, list]:
+    """The table as columns for MLflow's log_table: one row per build and device."""
+    cols: dict[str, list] = {k: [] for k in ("build", "device", "source", "users_per_instance", "devices",
+                                              "usd_per_hour", "usd_per_mtok", "usd_per_request", "why")}  # fmt: skip
+    for r in tab.rows:
+        for d, cell in r.cells.items():
+            c, per = cell.cost, cell.per
+            source = "measured" if per and per.measured else "projected"
+            values = (r.precision, d, source, per.users if per else 0, c.devices, c.usd_per_hour, c.usd_per_mtok,
+                      c.usd_per_request, c.why)  # fmt: skip
+            for k, v in zip(cols, values, strict=True):
+                cols[k].append(v)
+    return cols

@@ -1,0 +1,114 @@
+"""Capacity and cost (eval/capacity.py) against cases worked by hand, the card's `traffic:` section, and the
+table the report shows (pipelines/present/capacity.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from helpers import REPO
+
+from eval.capacity import PerInstance, cost, measured, project, users_for_rate
+from eval.gpus import Gpu
+from eval.serving import LevelMetrics
+from eval.sizing import Assumptions, Shape
+from pipelines.core.cards import ModelCard
+from pipelines.core.traffic import Traffic
+
+GIB = 2**30
+
+
+def level(meets: bool, output_tps: float, request_tps: float, e2e_ms: float) -> LevelMetrics:
+    return LevelMetrics(requests=8, failed=0, meets_slo=meets, output_tps=output_tps, request_tps=request_tps,
+                        e2e_ms_p50=e2e_ms)  # fmt: skip
+
+
+def test_the_cost_of_a_traffic_by_hand():
+    # 8 users per instance of 2 GPUs at 400 output tokens/s and 2 requests/s; 20 users at $3 per GPU-hour:
+    # ceil(20 / 8) = 3 instances, 6 GPUs, $18/h; an instance-hour is $6, so 6 / (400 x 3600) x 1e6 = $4.1667
+    # per million tokens and 6 / (2 x 3600) = $0.000833 per request.
+    per = PerInstance(users=8, output_tps=400, request_rps=2, e2e_s=4.0, devices=2, measured=True, how="by hand")
+    c = cost(per, 20, 3.0)
+    assert (c.instances, c.devices, c.usd_per_hour) == (3, 6, 18.0)
+    assert c.usd_per_mtok == pytest.approx(4.1667, abs=1e-4)
+    assert c.usd_per_request == pytest.approx(0.000833, abs=1e-6)
+    # without a price: the devices (device-hours per hour), no dollars
+    free = cost(per, 20, None)
+    assert (free.instances, free.devices, free.usd_per_hour, free.usd_per_mtok) == (3, 6, None, None)
+    # exactly a multiple: no instance too many
+    assert cost(per, 16, 3.0).instances == 2
+
+
+def test_a_build_that_cannot_serve_says_why_instead_of_dividing_by_zero():
+    none = PerInstance(0, 0.0, 0.0, math.inf, 1, True, "by hand")
+    assert cost(none, 10, 2.0).why == "meets the objective at no load"
+    assert cost(none, 10, 2.0).instances is None
+    assert cost(None, 10, 2.0).why == "does not fit on 8 of these"
+
+
+def test_littles_law_turns_a_rate_into_users():
+    assert users_for_rate(2.0, 1.5) == 3.0
+
+
+def test_a_sweep_holds_the_users_up_to_the_first_level_that_missed():
+    sweep = {1: level(True, 50, 1.0, 1000), 4: level(True, 180, 3.0, 1300), 16: level(False, 300, 4.0, 4000)}
+    per = measured(sweep, how="by hand")
+    assert (per.users, per.output_tps, per.request_rps, per.e2e_s, per.measured) == (4, 180, 3.0, 1.3, True)
+    # a level that met the objective above one that missed it does not count
+    gap = {1: level(False, 50, 1.0, 1000), 4: level(True, 180, 3.0, 1300)}
+    assert measured(gap, how="by hand").users == 0
+
+
+def test_a_projection_by_hand():
+    # One layer, hidden 1000 and intermediate 1000, 10 heads of 100: 7e6 linear parameters and a 1e6 output
+    # layer; a KV entry is 2 x 10 x 100 x 2 = 4,000 bytes per token. Weights 1e9 bytes, the embedding table
+    # (2e6 bytes) only indexed. 1,000 tokens in, 100 out: a decode step attends to 1,050 tokens. At 50 % of
+    # 1e12 bytes/s a step at c users takes (1e9 - 2e6 + c x 4,000 x 1,050) / 5e11 s, within 4 ms while
+    # c <= (2e9 - 998e6) / 4.2e6 = 238.57: 238 users.
+    shape = Shape(layers=1, hidden=1000, intermediate=1000, heads=10, kv_heads=10, head_dim=100, vocab=1000, tied=False)
+    gpu = Gpu("test", "TEST", memory_gib=80, bandwidth=1e12, bf16_flops=1e15, fp8_flops=None, int8_ops=2e15,
+              capability=(8, 0))  # fmt: skip
+    a = Assumptions(mbu=0.5, mfu=0.5)
+    per, how = project(shape, "bf16", gpu, weights=1e9, input_len=1000, output_len=100, ttft_ms=1000, tpot_ms=4.0, a=a)
+    step = (1e9 - 2e6 + 238 * 4000 * 1050) / 5e11
+    assert (per.users, per.devices, per.measured) == (238, 1, False)
+    assert per.output_tps == pytest.approx(238 / step)
+    # TTFT: 2 x 8e6 x 1,000 + 2 x 1 x 1,000^2 x 10 x 100 = 1.8e10 FLOPs at 5e14 FLOP/s = 36 us
+    assert how.ttft_s == pytest.approx(36e-6)
+    assert per.e2e_s == pytest.approx(36e-6 + 99 * step)
+    # a TTFT objective the prefill cannot meet: no users at all
+    slow, _ = project(shape, "bf16", gpu, weights=1e9, input_len=1000, output_len=100, ttft_ms=0.01, tpot_ms=4.0, a=a)
+    assert slow.users == 0
+    # weights that no 8 of these hold
+    assert project(shape, "bf16", gpu, weights=8 * 80 * GIB, input_len=1000, output_len=100, ttft_ms=1000,
+                   tpot_ms=4.0, a=a) is None  # fmt: skip
+    # weights that need two: the instance is two GPUs, with twice the bandwidth
+    two, _ = project(shape, "bf16", gpu, weights=100e9, input_len=1000, output_len=100, ttft_ms=1000, tpot_ms=102,
+                     a=a)  # fmt: skip
+    assert two.devices == 2
+    assert two.users == math.floor((102e-3 * 1e12 - (100e9 - 2e6)) / 4.2e6) == 476
+    # and never more users than vLLM batches by default on an 80 GiB GPU (1,024), however loose the objective
+    loose, _ = project(shape, "bf16", gpu, weights=100e9, input_len=1000, output_len=100, ttft_ms=1000,
+                       tpot_ms=1000, a=a)  # fmt: skip
+    assert loose.users == 1024
+
+
+def test_the_traffic_section_is_validated():
+    assert Traffic(users=64, prices={"h100-sxm": 2.5, "cpu": 0.1}).users == 64
+    with pytest.raises(ValueError, match="users or rate_rps"):
+        Traffic(users=64, rate_rps=2.0)
+    with pytest.raises(ValueError, match="users or rate_rps"):
+        Traffic()
+    with pytest.raises(ValueError, match="unknown GPU 'h100'"):
+        Traffic(users=1, prices={"h100": 2.5})
+    with pytest.raises(ValueError):
+        Traffic(users=1, prices={"l4": 0})
+
+
+def test_a_card_names_a_scenario_it_has():
+    data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())
+    card = ModelCard.model_validate({**data, "traffic": {"users": 4}})
+    assert card.traffic.users == 4
+    with pytest.raises(ValueError, match=r"traffic\.scenario 'rag' is not among speed\.scenarios"):
+        ModelCard.model_validate({**data, "traffic": {"users": 4, "scenario": "rag"}})
