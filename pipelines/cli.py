@@ -122,20 +122,9 @@ def _run_builds(
 @_guarded
 def models(as_json: JsonOpt = False) -> None:
     """List the model cards and check that each one is valid."""
-    from pipelines.core.weights import missing_files
+    from pipelines.core.weights import survey
 
-    listed, problems = [], []
-    for name in cards_mod.card_names():
-        try:
-            card = cards_mod.load_card(name)
-        except QevalError as e:
-            problems.append(str(e))
-            continue
-        if missing := missing_files(card):
-            problems.extend(missing)
-            continue
-        src = card.source.location
-        listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})
+    listed, problems = survey()
     out.print(console.cards(listed))
     _emit_json({"models": listed, "invalid": problems}, as_json)
     if problems:
@@ -381,6 +370,20 @@ def pull(
     out.print(f"{got['name']} version {got['version']} ('{alias}', {got['precision']}): {got['files']} files, "
               f"{got['bytes'] / 1e6:.2f} MB in {got['folder']}", highlight=False)  # fmt: skip
     _emit_json(got, as_json)
+
+
+@app.command()
+@_guarded
+def card(model: ModelOpt) -> None:
+    """Print the ship card of the build alias `ship` points at, from the tracking store."""
+    from pipelines.tracking.readback import ship_card
+
+    cards_mod.load_card(model)
+    tracker = _tracker(model)
+    if (shipped := tracker.shipped()) is None:
+        raise QevalError(f"nothing ships for {model} in the tracking store; run: qeval gate --model {model}")
+    text = ship_card(tracker, shipped["run_id"]) or shipped.get("description") or "(no ship card)"
+    out.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

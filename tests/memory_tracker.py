@@ -31,6 +31,7 @@ from pipelines.tracking.names import (
     KIND_SUMMARY,
     PARAM_PRECISION,
     SHIP_ALIAS,
+    SHIP_CARD,
     TAG_CHOSEN,
     TAG_DIGESTS,
     TAG_KIND,
@@ -168,13 +169,16 @@ class MemoryTracker:
             self.run(b.precision).tags |= verdict_tags(decision, b)
             self.run(b.precision).metrics |= verdict_metrics(b)
 
-    def register_ship(self, run_id: str, source: str, why: str) -> dict[str, str]:
+    def register_ship(self, run_id: str, source: str, why: str, card: str = "") -> dict[str, str]:
         same = [v for v in self.versions if v["run_id"] == run_id and v["source"] == source]
         if same:
             version = same[0]
         else:
             version = {"version": str(len(self.versions) + 1), "run_id": run_id, "source": source}
             self.versions.append(version)
+        version["description"] = card or f"Chosen by the gate: {why}"
+        if card:
+            self.runs[run_id].artifacts[SHIP_CARD] = card.encode()
         self.runs[run_id].tags[TAG_CHOSEN] = "true"
         self.ship = version
         return {"name": registered_model_name(self.model), "version": version["version"], "alias": SHIP_ALIAS,
@@ -199,7 +203,8 @@ class MemoryTracker:
         self.download(run_id, path, dst)
         precision = self.runs[run_id].tags.get(TAG_PRECISION, "")
         return {"name": name, "version": self.ship["version"], "alias": alias, "run_id": run_id,
-                "precision": precision, "source": self.ship["source"]}  # fmt: skip
+                "precision": precision, "source": self.ship["source"],
+                "description": self.ship.get("description", "")}  # fmt: skip
 
     def log_decision(self, decision: Decision, file: Path) -> str:
         params = decision_params(decision)

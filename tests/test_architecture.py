@@ -28,7 +28,7 @@ INDEPENDENT = [("pipelines.stages", "pipelines.decision"), ("quant", "refmodel")
 """Packages of one layer that do not import each other."""
 LIBRARY = [p for folder in ("pipelines", "eval", "quant") for p in sorted((REPO / folder).rglob("*.py"))]
 # what an MLflow metric, param or tag name looks like (a file name is not one)
-NAME = re.compile(r"(eval|recovery|quant|size|engine|mem|server|shape|gate|qeval)[/.][\w./{}-]+")
+NAME = re.compile(r"(eval|recovery|quant|size|engine|mem|server|shape|gate|cost|qeval)[/.][\w./{}-]+")
 FILE = re.compile(r".*\.(json|jsonl|csv|png|md|log|yaml|py)")
 MAX_LINES = 420
 

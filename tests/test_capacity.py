@@ -1,5 +1,5 @@
 """Capacity and cost (eval/capacity.py) against cases worked by hand, the card's `traffic:` section, and the
-table the report shows (pipelines/present/capacity.py)."""
+gate's cost rule and `prefer: cost` (pipelines/decision/policy.py) on constructed builds."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from eval.capacity import PerInstance, cost, measured, project, users_for_rate
 from eval.gpus import Gpu
 from eval.serving import LevelMetrics
 from eval.sizing import Assumptions, Shape
-from pipelines.core.cards import ModelCard
+from eval.stats import Verdict
+from pipelines.core.cards import Gate, ModelCard
 from pipelines.core.traffic import Traffic
+from pipelines.core.verdicts import BuildVerdict, CostFigure, Measured
+from pipelines.decision.policy import choose, cost_rule
+from quant.execution import Execution
 
 GIB = 2**30
 
@@ -112,3 +116,45 @@ def test_a_card_names_a_scenario_it_has():
     assert card.traffic.users == 4
     with pytest.raises(ValueError, match=r"traffic\.scenario 'rag' is not among speed\.scenarios"):
         ModelCard.model_validate({**data, "traffic": {"users": 4, "scenario": "rag"}})
+
+
+def _costed(name: str, weights: float, usd: float | None, why: str | None = None) -> BuildVerdict:
+    cost = CostFigure("l4", False, 64, 2, 1.2, usd, why)
+    speed = Measured(50.0, weights + 1, weights, Execution.NATIVE, cost=cost)
+    return BuildVerdict(precision=name, verdict=Verdict.PASS, rules=[], tasks={}, speed=speed, speedup=None)
+
+
+def test_prefer_cost_ships_another_build_than_prefer_memory():
+    # AWQ has the smallest weights; INT8 serves the traffic for less (its kernels are faster on this device)
+    builds = [_costed("int8", 8.0, 0.010), _costed("awq", 5.0, 0.020), _costed("fp8", 8.0, None, "meets the "
+              "objective at no load")]  # fmt: skip
+    assert choose(builds, "memory", 0.03)[0] == "awq"
+    chosen, why = choose(builds, "cost", 0.03)
+    assert chosen == "int8" and "$0.01 per 1M output tokens on l4" in why and "projected" in why
+    # within the tie tolerance of the cheapest, the smaller weights win
+    assert choose([_costed("int8", 8.0, 0.0100), _costed("awq", 5.0, 0.0102)], "cost", 0.03)[0] == "awq"
+    # no passing build with a price there: nothing is chosen, and the reason says why
+    none, why = choose([_costed("fp8", 8.0, None, "meets the objective at no load")], "cost", 0.03)
+    assert none is None and "has a cost" in why
+
+
+def test_the_cost_rule():
+    bound = Gate(max_cost_per_mtok=0.015)
+    assert cost_rule(bound, _costed("int8", 8.0, 0.010).speed).verdict == Verdict.PASS
+    assert cost_rule(bound, _costed("awq", 5.0, 0.020).speed).verdict == Verdict.FAIL
+    assert cost_rule(bound, _costed("fp8", 8.0, None, "meets the objective at no load").speed).verdict == Verdict.FAIL
+    assert cost_rule(bound, Measured(50.0, 9.0, 8.0, Execution.NATIVE)).verdict == Verdict.INCONCLUSIVE
+    free = cost_rule(Gate(), _costed("int8", 8.0, 0.010).speed)
+    assert free.verdict == Verdict.NOT_GATED and "$0.01 per 1M output tokens" in free.reason
+
+
+def test_judging_cost_needs_a_price_for_the_device():
+    data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())
+    cost = {**data["gate"], "prefer": "cost"}
+    assert ModelCard.model_validate({**data, "gate": cost}).cost_device == "h100-sxm"  # its first target GPU
+    with pytest.raises(ValueError, match="a price for 'a100-80gb'"):
+        ModelCard.model_validate({**data, "gate": {**cost, "cost_on": "a100-80gb"}})
+    with pytest.raises(ValueError, match="traffic section"):
+        ModelCard.model_validate({**{k: v for k, v in data.items() if k != "traffic"}, "gate": cost})
+    on_cpu = ModelCard.model_validate({**data, "gate": {**cost, "cost_on": "cpu"}})
+    assert on_cpu.cost_device == "cpu" and "cpu" not in on_cpu.sizing_gpus

@@ -25,9 +25,12 @@ def test_run_does_every_stage_then_skips_them(own_root):
     assert (first.returncode == 0) == (doc["gate"]["chosen"] is not None)
     assert {b["precision"] for b in doc["gate"]["builds"]} == {"fp8", "int8", "awq", "gptq"}
     assert doc["gate"]["speed_axis"].startswith("goodput")  # judged as served
-    assert sorted(Path(p).name for p in doc["report"]) == [
+    names = sorted(Path(p).name for p in doc["report"])
+    assert ("ship_card.md" in names) == (doc["gate"]["chosen"] is not None)
+    assert [n for n in names if n != "ship_card.md"] == [
         "latency_vs_users.png",
         "memory.png",
+        "quality_vs_cost.png",
         "quality_vs_speed.png",
         "quality_vs_weights.png",
         "report.md",
@@ -57,6 +60,19 @@ def test_run_does_every_stage_then_skips_them(own_root):
     for p, r in served.items():
         assert set(r["accuracy"]["vs_offline"]) == {"refkjv_ppl", "refkjv_next_verse", "refkjv_last_word"}, p
         assert all(abs(c["served"] - c["offline"]) < 0.2 for c in r["accuracy"]["vs_offline"].values()), p
+    if chosen := doc["gate"]["chosen"]:  # its ship card, read back from the store, says what the gate decided
+        shown = qeval("card", "--model", "ref-small", env=env, timeout=120)
+        assert shown.returncode == 0 and shown.stdout.startswith(f"# ref-small {chosen}: the build qeval ships")
+        build = next(b for b in doc["gate"]["builds"] if b["precision"] == chosen)
+        for task, c in build["tasks"].items():
+            rec, lo, hi = c["recovery"]
+            assert (
+                f"| {task} | {c['metric']} |" in shown.stdout
+                and f"| {rec:.4f} | [{lo:.4f}, {hi:.4f}] |" in shown.stdout
+            )
+        for section in ("## What it is", "## Speed, as measured", "## Capacity and cost", "## Serving it"):
+            assert section in shown.stdout, section
+        assert all(f"- {r['reason']}" in shown.stdout for r in build["rules"])
     size = next(s for s in stages if s["stage"] == "size" and s["precision"] == "awq")["result"]
     assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
     t0 = time.perf_counter()

@@ -196,6 +196,7 @@ def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team):
     pulled = _qeval(team, deploy, cards, "pull", "--model", "ref-small", str(deploy / "model"), "--json")
     assert pulled.returncode == 0, pulled.stderr[-2000:]
     assert same_logits(deploy / "model", team["worker"] / "artifacts/ref-small/int8/quantize/checkpoint")
+    assert (deploy / "model/README.md").read_text().startswith("# ref-small int8: the build qeval ships")
 
     # the database password is in no output, log, param, tag or artifact of qeval's
     dump = [str(VENV_BIN / "python"), "-c", (

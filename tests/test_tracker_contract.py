@@ -14,6 +14,7 @@ from pipelines.core.code import code_version
 from pipelines.core.results import Manifest, Quantized
 from pipelines.core.tracker import ParamsChanged, Tracker
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured
+from pipelines.tracking.readback import ship_card
 from quant.execution import Execution
 
 
@@ -117,7 +118,14 @@ def test_the_shipped_build_is_registered_fetched_and_withdrawn(tracker, tmp_path
     shipped = tracker.shipped()
     assert shipped["version"] == registered["version"] and shipped["run_id"] == run and shipped["precision"] == "int8"
     assert tracker.register_ship(run, source, "again")["version"] == registered["version"]  # the same build
+    assert tracker.shipped()["description"] == "Chosen by the gate: again"
+    # with its ship card: the version's description, and a file on the build's run
+    tracker.register_ship(run, source, "again", "# m int8: the build qeval ships\n")
+    assert tracker.shipped()["description"] == "# m int8: the build qeval ships\n"
+    assert (tracker.download(run, "ship", tmp_path / "card") / "README.md").read_text().startswith("# m int8")
     got = tracker.download_version("ship", tmp_path / "pulled")
+    assert got["description"].startswith("# m int8")
+    assert ship_card(tracker, got["run_id"]) == "# m int8: the build qeval ships\n"
     assert got["precision"] == "int8" and [p.read_text() for p in (tmp_path / "pulled").rglob("config.json")] == [
         '{"a": 1}'
     ]

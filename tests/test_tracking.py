@@ -14,6 +14,7 @@ from eval.loadgen import LoadSettings
 from pipelines.core.errors import QevalError
 from pipelines.core.results import Evaluated, Quantized, VllmSettings
 from pipelines.tracking.mapping import logged
+from pipelines.tracking.names import MAX_DESCRIPTION
 from pipelines.tracking.store import redact, tracking_uri
 from pipelines.tracking.tables import (
     ENGINE_SETTINGS,
@@ -103,7 +104,7 @@ def _readme_names() -> set[str]:
 def test_the_readme_lists_every_name_and_no_other():
     ours = {n for names in NAMES.values() for n in names}
     shown = _readme_names()
-    prefixes = r"(eval|recovery|quant|size|engine|mem|server|shape|gate|qeval)[/.]"
+    prefixes = r"(eval|recovery|quant|size|engine|mem|server|shape|gate|cost|qeval)[/.]"
     name_like = {n for n in shown if re.match(prefixes, n) and not re.search(r"\.(json|csv|png|md|log|yaml)$", n)}
     assert ours - shown == set(), "in pipelines/tracking/tables.py (NAMES), not in README's MLflow layout"
     assert name_like - ours == set(), "in README's MLflow layout, not in pipelines/tracking/tables.py (NAMES)"
@@ -166,3 +167,12 @@ def test_unwritable_store_is_one_clear_error(workdir, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
     with pytest.raises(QevalError, match=r"MLflow store sqlite:///.*a-file/mlflow.db is not usable: .*writable"):
         MlflowTracker("tiny")
+
+
+def test_a_long_ship_card_is_cut_to_what_the_registry_keeps():
+    from pipelines.tracking.mlflow_tracker import _description
+
+    assert _description("# short card\n", "why", "r1") == "# short card\n"
+    assert _description("", "the cheapest", "r1") == "Chosen by the gate: the cheapest"
+    cut = _description("# card\n" + "x" * 9000, "why", "r1")
+    assert len(cut) == MAX_DESCRIPTION and cut.startswith("# card") and cut.endswith("ship/README.md on run r1)")

@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from eval.gpus import get_gpu
 from eval.paired import Bootstrap, Threshold
+from pipelines.core.card_errors import describe
 from pipelines.core.errors import QevalError
 from pipelines.core.paths import cards_dir
-from pipelines.core.traffic import Traffic
+from pipelines.core.traffic import CPU, Traffic
 from quant import recipes
 from quant.precisions import PRECISIONS, get_precision
 from quant.registry import suggest
@@ -193,7 +194,8 @@ class Gate(_Strict):
     A build passes when every task passes its quality rule at `confidence`, and the speed and memory
     rules pass. Among passing builds the fastest at `speed_batch` ships (`prefer: speed`; speeds within
     `tie_tolerance` count as equal and go to the smaller weights), or the smallest (`prefer: memory`;
-    ties to the faster).
+    ties to the faster), or the cheapest per million output tokens for the card's traffic on `cost_on`
+    (`prefer: cost`; ties to the smaller weights); `max_cost_per_mtok` bounds that cost.
     """
 
     baseline: str = Field("bf16", description="precision every build is compared with")
@@ -226,7 +228,9 @@ class Gate(_Strict):
     must_fit: list[str] = Field(
         [], description="GPUs (catalog names) each build must fit on one of, at the largest batch of the grid"
     )
-    prefer: Literal["speed", "memory"] = Field("speed", description="how to choose among passing builds")
+    prefer: Literal["speed", "memory", "cost"] = Field("speed", description="how to choose among passing builds")
+    max_cost_per_mtok: float | None = Field(None, gt=0, description="$ per million output tokens on cost_on, at most")
+    cost_on: str | None = Field(None, description="device kind costs are judged on (null: the first target GPU)")
     tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
 
     def threshold(self, task: str) -> Threshold:
@@ -286,6 +290,11 @@ class ModelCard(_Strict):
             )
         if self.traffic and self.traffic.scenario not in (None, *self.speed.operating_points):
             raise ValueError(f"traffic.scenario '{self.traffic.scenario}' is not among speed.scenarios")
+        costed = self.gate.prefer == "cost" or self.gate.max_cost_per_mtok is not None
+        if costed and (self.traffic is None or self.cost_device not in self.traffic.prices):
+            raise ValueError(f"gate: judging cost needs a traffic section with a price for '{self.cost_device}'")
+        if self.gate.cost_on not in (None, CPU):
+            get_gpu(self.gate.cost_on)
         if self.gate.speed_batch not in self.speed.batch_sizes:
             raise ValueError(
                 f"gate.speed_batch {self.gate.speed_batch} is not among speed.batch_sizes {self.speed.batch_sizes}"
@@ -298,9 +307,15 @@ class ModelCard(_Strict):
         return self.gate.speed_users or max(self.speed.concurrency)
 
     @property
+    def cost_device(self) -> str:
+        """The device kind the gate judges cost on: gate.cost_on, else the first target GPU, else a CPU."""
+        return self.gate.cost_on or (self.target_gpus[0] if self.target_gpus else CPU)
+
+    @property
     def sizing_gpus(self) -> list[str]:
-        """The GPUs the size stage projects: the target GPUs, and those the gate requires a fit on."""
-        return list(dict.fromkeys([*self.target_gpus, *self.gate.must_fit]))
+        """The GPUs the size stage projects: the target GPUs, those the gate requires a fit on or judges cost on."""
+        costed = [self.gate.cost_on] if self.gate.cost_on not in (None, CPU) else []
+        return list(dict.fromkeys([*self.target_gpus, *self.gate.must_fit, *costed]))
 
     def with_scenarios(self, names: list[str]) -> ModelCard:
         """This card sweeping only the scenarios named (in the order given); QevalError for a name it lacks."""
@@ -341,42 +356,6 @@ class ModelCard(_Strict):
             )
 
 
-def _describe(err: dict, model: type[BaseModel]) -> str:
-    """One pydantic error as 'key ...: what is expected'."""
-    loc = [str(x) for x in err["loc"]]
-    key = ".".join(loc) or "(card)"
-    if err["type"] == "extra_forbidden":
-        allowed = _fields_at(model, loc[:-1])
-        return f"unknown key '{key}'{suggest(loc[-1], allowed)}; allowed here: {', '.join(allowed)}"
-    if err["type"] == "missing":
-        return f"missing key '{key}'"
-    msg = err["msg"].removeprefix("Value error, ")
-    if not loc:
-        return msg
-    return f"key '{key}': {msg} (got {_shown(err.get('input'))})"
-
-
-def _shown(value: object) -> str:
-    """A wrong value as an error shows it: numbers and switches as they are, text by its length only (a
-    token typed into the wrong key must not reach a terminal or a CI log)."""
-    if value is None or isinstance(value, bool | int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return f"a string of {len(value)} characters"
-    return f"a {type(value).__name__}"
-
-
-def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
-    for part in loc:
-        field = model.model_fields.get(part)
-        ann = getattr(field, "annotation", None)
-        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not inner:
-            return []
-        model = inner[0]
-    return list(model.model_fields)
-
-
 def parse_card(path: Path) -> ModelCard:
     """Read and validate one card file; QevalError with one line on any problem."""
     try:
@@ -395,7 +374,7 @@ def parse_card(path: Path) -> ModelCard:
     except ValidationError as e:
         errors = e.errors()
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise QevalError(f"{path}: {_describe(errors[0], ModelCard)}{more}") from None
+        raise QevalError(f"{path}: {describe(errors[0], ModelCard)}{more}") from None
     if card.name != path.stem:
         raise QevalError(f"{path}: key 'name' is '{card.name}' but the file is named '{path.stem}.yaml'")
     return card

@@ -62,8 +62,8 @@ class Tracker(Protocol):
         ...
 
     def shipped(self) -> dict[str, str] | None:
-        """The registry version behind alias `ship` (version, run_id, source, precision); None when nothing
-        ships."""
+        """The registry version behind alias `ship` (version, run_id, source, precision, description); None
+        when nothing ships."""
         ...
 
     def download_version(self, alias: str, dst: Path) -> dict[str, str]:
@@ -74,8 +74,10 @@ class Tracker(Protocol):
         """The gate's verdict on every build, the baseline's too, on their runs."""
         ...
 
-    def register_ship(self, run_id: str, source: str, why: str) -> dict[str, str]:
-        """Register the chosen build (its checkpoint at `source`) and point alias `ship` at it."""
+    def register_ship(self, run_id: str, source: str, why: str, card: str = "") -> dict[str, str]:
+        """Register the chosen build (its checkpoint at `source`) and point alias `ship` at it; its ship card
+        (Markdown, pipelines/present/shipcard.py) becomes the version's description and the run's
+        `ship/README.md` (without one, the description is `why`)."""
         ...
 
     def clear_ship(self) -> None:

@@ -32,6 +32,29 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class CostFigure:
+    """A build's capacity and cost for the card's traffic on the device the gate judges cost on
+    (pipelines/present/capacity.py); usd_per_mtok None where there is no price or it cannot serve (`why`)."""
+
+    device: str
+    measured: bool  # False: projected
+    users_per_instance: int
+    devices: int | None  # devices the traffic needs
+    usd_per_hour: float | None
+    usd_per_mtok: float | None  # $ per million output tokens
+    why: str | None = None
+
+    def text(self) -> str:
+        where = "measured" if self.measured else "projected"
+        if self.why:
+            return f"on {self.device}: {self.why} ({where})"
+        if self.usd_per_mtok is None:
+            return f"on {self.device}: {self.devices} devices, no price ({where})"
+        return (f"${self.usd_per_mtok:.3g} per 1M output tokens on {self.device} ({self.devices} devices, "
+                f"${self.usd_per_hour:,.2f}/h; {where})")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Measured:
     """What the gate judges of one build's speed and memory."""
 
@@ -43,6 +66,7 @@ class Measured:
     engine: str = ""  # engine: how generate() ran (cache, compiled or eager); server: the serving engine
     goodput: float | None = None  # server: requests/s that met the SLO at the judged users
     users_at_slo: int | None = None  # server: the most concurrent users that met the SLO
+    cost: CostFigure | None = None  # where the card states its traffic
 
     @property
     def speed(self) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipelines.core.cards import ModelCard
+from pipelines.core.cards import ModelCard, card_names, load_card
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
@@ -141,3 +141,20 @@ def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
             f"build it first: qeval quantize --model {card.name} --precision {precision}"
         )
     return str(folder), built.inputs_digest
+
+
+def survey() -> tuple[list[dict], list[str]]:
+    """Every card: the valid ones (name, source, precisions, tasks), and a line per problem of the others."""
+    listed, problems = [], []
+    for name in card_names():
+        try:
+            card = load_card(name)
+        except QevalError as e:
+            problems.append(str(e))
+            continue
+        if missing := missing_files(card):
+            problems.extend(missing)
+            continue
+        src = card.source.location
+        listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})
+    return listed, problems

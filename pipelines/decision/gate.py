@@ -37,6 +37,7 @@ from pipelines.decision.inputs import fits, measured, paired_with, task_comparis
 from pipelines.decision.policy import (
     choose,
     combine,
+    cost_rule,
     fit_rule,
     memory_rule,
     speed_label,
@@ -44,6 +45,7 @@ from pipelines.decision.policy import (
     task_rule,
     vs_ship_rule,
 )
+from pipelines.present.shipcard import ship_card
 from pipelines.tracking.names import SHIP_ALIAS as SHIP
 from pipelines.tracking.readback import fetch_builds, fetch_shipped
 
@@ -69,6 +71,8 @@ def judge(
     rules += [vs_ship_rule(shipped[0], t, c) for t, c in vs_ship.items()] if shipped else []
     fast, up = speed_rule(policy, build, baseline, baseline_bytes / weight_bytes)
     rules += [fast, memory_rule(policy, build)]
+    if card.traffic is not None:
+        rules.append(cost_rule(policy, build))
     if policy.must_fit:
         rules.append(fit_rule(fits(card, precision)))
     return BuildVerdict(
@@ -138,9 +142,8 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
     tracker.log_verdicts(decision)
     if decision.chosen:
         run_id = tracker.build_run(decision.chosen)
-        registered = tracker.register_ship(
-            run_id, checkpoint_source(card, tracker, decision.chosen, run_id), decision.why
-        )
+        source = checkpoint_source(card, tracker, decision.chosen, run_id)
+        registered = tracker.register_ship(run_id, source, decision.why, ship_card(card, decision) or "")
         decision = decision.model_copy(update={"registered": registered})
         log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)
     elif shipped:  # a regression gate that nothing passed: what is deployed stays deployed

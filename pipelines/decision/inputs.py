@@ -16,10 +16,12 @@ from pipelines.core.layout import stage_dir
 from pipelines.core.registry import require
 from pipelines.core.results import Benched, Evaluated, Served, Sized, result_of
 from pipelines.core.verdicts import Measured
+from pipelines.present import capacity
 
 
 def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
-    """The build's speed and memory at the policy's batch, and its resident weight bytes."""
+    """The build's speed and memory at the policy's batch, its cost for the card's traffic (where it states
+    one), and its resident weight bytes."""
     bench = require(card, precision, Benched, "gate")
     where = f"gate: {card.name}@{precision} bench"
     if bench.config.no_weights:
@@ -40,6 +42,7 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
         engine=served.engine if server_regime else bench.engine.engine,
         goodput=_level(card, precision, served).goodput_rps if served else None,
         users_at_slo=served.max_users_at_slo if served else None,
+        cost=capacity.cost_figure(card, precision),
     )
     return m, float(bench.engine.weight_bytes)
 

@@ -79,6 +79,19 @@ def memory_rule(policy: Gate, build: Measured) -> Rule:
     return Rule("memory", verdict, f"memory: {where} vs budget {policy.memory_budget_gb:g} GB: {verdict}")
 
 
+def cost_rule(policy: Gate, build: Measured) -> Rule:
+    """The build's $ per million output tokens for the card's traffic against `max_cost_per_mtok`."""
+    cost = build.cost
+    where = f"cost: {cost.text()}" if cost else "cost: not measured or sized on the device judged"
+    if policy.max_cost_per_mtok is None:
+        return Rule("cost", Verdict.NOT_GATED, f"{where}: not gated (no max_cost_per_mtok)")
+    if cost is None or cost.usd_per_mtok is None:
+        verdict = Verdict.FAIL if cost is not None and cost.why else Verdict.INCONCLUSIVE
+        return Rule("cost", verdict, f"{where} vs max ${policy.max_cost_per_mtok:g}: {verdict}")
+    verdict = Verdict.PASS if cost.usd_per_mtok <= policy.max_cost_per_mtok else Verdict.FAIL
+    return Rule("cost", verdict, f"{where} vs max ${policy.max_cost_per_mtok:g} per 1M: {verdict}")
+
+
 def fit_rule(projected: list[Fit]) -> Rule:
     """Every GPU the policy names must hold the build on one device (eval/sizing.py's projection)."""
     where = ", ".join(f"{f.gpu} {f.total_gb:.3g} of {f.usable_gb:.3g} GB" for f in projected)
@@ -93,10 +106,14 @@ def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | N
 
     prefer "speed": the fastest; builds within `tie` of it count as equal and the smallest weights win.
     prefer "memory": the smallest weights; builds within `tie` of it count as equal and the fastest wins.
+    prefer "cost": the cheapest per million output tokens for the card's traffic; builds within `tie` of it
+    count as equal and the smallest weights win; a build without a cost there cannot be chosen.
     """
     passed = [b for b in builds if b.verdict == Verdict.PASS]
     if not passed:
         return None, "no quantized build passed every rule"
+    if prefer == "cost":
+        return _cheapest(passed, tie)
     if prefer == "speed":
         best = max(b.speed.speed for b in passed)
         ties = [b for b in passed if b.speed.speed >= best * (1 - tie)]
@@ -112,6 +129,19 @@ def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | N
     tied = f"; {', '.join(others)} within {tie:.0%} of it, so the {breaker} decides" if others else ""
     passing = ", ".join(b.precision for b in passed)
     return pick.precision, f"{how} among the builds that passed ({passing}){tied}"
+
+
+def _cheapest(passed: list[BuildVerdict], tie: float) -> tuple[str | None, str]:
+    priced = [b for b in passed if b.speed.cost and b.speed.cost.usd_per_mtok is not None]
+    passing = ", ".join(b.precision for b in passed)
+    if not priced:
+        return None, f"no build that passed ({passing}) has a cost for the card's traffic on the device judged"
+    least = min(b.speed.cost.usd_per_mtok for b in priced)
+    ties = [b for b in priced if b.speed.cost.usd_per_mtok <= least * (1 + tie)]
+    pick = min(ties, key=lambda b: (b.speed.weights_gb, b.speed.cost.usd_per_mtok))
+    others = [b.precision for b in ties if b is not pick]
+    tied = f"; {', '.join(others)} within {tie:.0%} of it, so the smaller weights decide" if others else ""
+    return pick.precision, f"cheapest among the builds that passed ({passing}): {pick.speed.cost.text()}{tied}"
 
 
 def vs_ship_rule(shipped: str, task: str, c: Comparison) -> Rule:

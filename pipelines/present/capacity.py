@@ -21,7 +21,7 @@ from pipelines.core.cards import ModelCard, Scenario, Slo
 from pipelines.core.errors import QevalError
 from pipelines.core.results import AtShape, Served, Sized, result_of
 from pipelines.core.traffic import CPU
-from pipelines.core.verdicts import Decision
+from pipelines.core.verdicts import CostFigure, Decision
 from pipelines.core.weights import architecture_config
 
 
@@ -73,14 +73,15 @@ def _measured(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found
     return device, sweep.per_level, how
 
 
-def _shape(card: ModelCard) -> tuple[Shape, int | None]:
-    """The model's shape and its positions, from its architecture config."""
-    path = architecture_config(card, "the capacity table")
+def _shape(card: ModelCard) -> tuple[Shape | None, int | None]:
+    """The model's shape and its positions, from its architecture config; (None, None) where the card has no
+    config this machine can read (a hub card without `source.config`): then nothing is projected."""
     try:
+        path = architecture_config(card, "the capacity table")
         cfg = json.loads(path.read_text())
         return Shape.from_config(cfg), cfg.get("text_config", cfg).get("max_position_embeddings")
-    except (OSError, ValueError, KeyError, AttributeError) as e:
-        raise QevalError(f"model '{card.name}': cannot read the architecture from {path}: {e}") from None
+    except (QevalError, OSError, ValueError, KeyError, AttributeError):
+        return None, None
 
 
 def _needed(card: ModelCard, per: capacity.PerInstance | None) -> float:
@@ -95,34 +96,63 @@ def _cell(card: ModelCard, device: str, per: capacity.PerInstance | None) -> Cel
     return Cell(device, per, capacity.cost(per, _needed(card, per), price), price)
 
 
+def _traffic_scenario(card: ModelCard) -> tuple[str, Scenario, Shape | None]:
+    """The traffic's scenario as the servers swept it (cut to the model's positions), and the model's shape."""
+    name = card.traffic.scenario or card.speed.main_scenario[0]
+    shape, positions = _shape(card)
+    return name, card.scenarios_within(positions)[name][0], shape
+
+
+def cells_of(card: ModelCard, precision: str) -> tuple[dict[str, Cell], dict[int, LevelMetrics] | None]:
+    """One build's cells (the device it was swept on, then the GPUs it was sized for), and its measured levels."""
+    t = card.traffic
+    name, sc, shape = _traffic_scenario(card)
+    slo = card.speed.slo_of(sc)
+    cells, levels = {}, None
+    if found := _measured(card, precision, name, sc):
+        device, levels, how = found
+        cells[device] = _cell(card, device, capacity.measured(levels, how=how))
+    sized = result_of(card.name, precision, Sized)
+    if sized is not None and shape is not None:
+        a = dataclasses.replace(sized.assumptions, mbu=t.projected_mbu, mfu=t.projected_mfu)
+        for fit in sized.fits:
+            if fit.gpu in cells:
+                continue
+            got = capacity.project(shape, precision, gpus.get_gpu(fit.gpu), weights=sized.weights_bytes,
+                                   input_len=sc.input_len, output_len=sc.output_len, ttft_ms=slo.ttft_ms,
+                                   tpot_ms=slo.tpot_ms, a=a)  # fmt: skip
+            cells[fit.gpu] = _cell(card, fit.gpu, got[0] if got else None)
+    return cells, levels
+
+
+def cost_figure(card: ModelCard, precision: str) -> CostFigure | None:
+    """The build's cost for the card's traffic on the device the gate judges cost on (None: no traffic, or
+    neither measured nor sized there)."""
+    if card.traffic is None:
+        return None
+    cell = cells_of(card, precision)[0].get(card.cost_device)
+    if cell is None:
+        return None
+    c, per = cell.cost, cell.per
+    users = per.users if per else 0
+    return CostFigure(device=cell.device, measured=bool(per and per.measured), users_per_instance=users,
+                      devices=c.devices, usd_per_hour=c.usd_per_hour, usd_per_mtok=c.usd_per_mtok,
+                      why=c.why)  # fmt: skip
+
+
 def table(card: ModelCard, decision: Decision | None = None) -> Table | None:
     """The card's capacity and cost table, or None where the card states no traffic or nothing was measured
     or sized."""
     t = card.traffic
     if t is None:
         return None
-    name = t.scenario or card.speed.main_scenario[0]
-    shape, positions = _shape(card)
-    sc = card.scenarios_within(positions)[name][0]  # as the servers swept it: cut to the model's positions
-    slo = card.speed.slo_of(sc)
+    name, sc, _ = _traffic_scenario(card)
     verdicts = {b.precision: b for b in decision.builds} if decision else {}
     rows, devices, sweeps = [], [], {}
     for p in [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]:
-        cells = {}
-        if found := _measured(card, p, name, sc):
-            device, levels, how = found
+        cells, levels = cells_of(card, p)
+        if levels is not None:
             sweeps[p] = levels
-            cells[device] = _cell(card, device, capacity.measured(levels, how=how))
-        sized = result_of(card.name, p, Sized)
-        if sized is not None:
-            a = dataclasses.replace(sized.assumptions, mbu=t.projected_mbu, mfu=t.projected_mfu)
-            for fit in sized.fits:
-                if fit.gpu in cells:
-                    continue
-                got = capacity.project(shape, p, gpus.get_gpu(fit.gpu), weights=sized.weights_bytes,
-                                       input_len=sc.input_len, output_len=sc.output_len, ttft_ms=slo.ttft_ms,
-                                       tpot_ms=slo.tpot_ms, a=a)  # fmt: skip
-                cells[fit.gpu] = _cell(card, fit.gpu, got[0] if got else None)
         if not cells:
             continue
         devices += [d for d in cells if d not in devices]
@@ -135,7 +165,7 @@ def table(card: ModelCard, decision: Decision | None = None) -> Table | None:
     if not rows:
         return None
     load = f"{t.users} concurrent users at peak" if t.users else f"{t.rate_rps:g} requests/s at peak (Little's law)"
-    return Table(name, (sc.input_len, sc.output_len), slo, load, devices, rows)
+    return Table(name, (sc.input_len, sc.output_len), card.speed.slo_of(sc), load, devices, rows)
 
 
 def _crossover(card: ModelCard, sweeps: dict[str, dict[int, LevelMetrics]], p: str) -> str:
@@ -152,7 +182,8 @@ def _crossover(card: ModelCard, sweeps: dict[str, dict[int, LevelMetrics]], p: s
 
 
 def _usd(x: float) -> str:
-    return f"${x:,.2f}" if x >= 0.01 else f"${x:.3g}"
+    """Dollars to three significant figures ($0.0269, $2.50), whole cents from $100."""
+    return f"${x:,.2f}" if x >= 100 else f"${x:#.3g}"
 
 
 def cell_text(cell: Cell) -> str:

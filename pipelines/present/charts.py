@@ -49,14 +49,19 @@ def _marker(ax, x: float, y: float, precision: str, verdict: str, emulated: bool
             markerfacecolor="white" if emulated else colour, zorder=4)  # fmt: skip
 
 
-def _legend(ax, decision: Decision, frontier: bool) -> None:
-    """What the shapes and fills mean (the colours are named by each point's label)."""
+def _verdict_handles(decision: Decision) -> list[Line2D]:
+    """A legend entry per marker shape the chart shows: the verdicts."""
     shown = {b.verdict for b in decision.builds} | {Verdict.BASELINE}
-    handles = [
+    return [
         Line2D([], [], ls="", marker=formats.VERDICT_MARKERS.get(v, "o"), color=_GREY, ms=7, label=v.lower())
         for v in formats.VERDICT_MARKERS
         if v in shown
     ]
+
+
+def _legend(ax, decision: Decision, frontier: bool) -> None:
+    """What the shapes and fills mean (the colours are named by each point's label)."""
+    handles = _verdict_handles(decision)
     handles += [
         Line2D([], [], ls="", marker="o", color=_GREY, markerfacecolor="white", mew=2, ms=7, label="hollow: emulated"),
         Line2D([], [], ls="", marker="o", color=_GREY, ms=15, markerfacecolor="none", mew=1.5, label="ring: ships"),
@@ -107,6 +112,44 @@ def quality_against(card: ModelCard, decision: Decision, axis: str, how: str):
     ax.margins(x=0.15)
     ax.grid(alpha=0.3)
     _legend(ax, decision, frontier=axis == "speed")
+    fig.tight_layout()
+    return fig
+
+
+def cost_against_quality(card: ModelCard, decision: Decision, points: list[tuple[str, str, float, bool]], how: str):
+    """Worst-task recovery (with its paired interval) against $ per million output tokens for the card's
+    traffic: one point per build and device kind (`points`: precision, device, dollars, measured), measured
+    filled and projected hollow, the shipped build's ringed; dollars on a log axis."""
+    fig, ax = _subplots(figsize=(8.5, 4.8))
+    verdicts = {p: (v, rec) for p, v, _, rec in _points(decision)}
+    for i, (precision, device, usd, was_measured) in enumerate(sorted(points, key=lambda t: t[2])):
+        verdict, (rec, lo, hi) = verdicts[precision]
+        colour = formats.precision_colour(precision)
+        ax.errorbar([usd], [rec], yerr=[[rec - lo], [hi - rec]], fmt="none", ecolor=colour, elinewidth=1.0,
+                    capsize=3, alpha=0.7, zorder=3)  # fmt: skip
+        _marker(ax, usd, rec, precision, verdict, emulated=not was_measured)
+        ships = precision == decision.chosen
+        if ships:
+            ax.plot([usd], [rec], "o", ms=22, markerfacecolor="none", markeredgecolor="black", mew=1.5, zorder=5)
+        ax.annotate(f"{precision} on {device}" + (" SHIPS" if ships else ""), (usd, rec), textcoords="offset points",
+                    xytext=(10, 9 if i % 2 == 0 else -15), fontsize=8, color=colour, zorder=6)  # fmt: skip
+    ax.axhline(decision.policy.min_recovery, color=_GREY, lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("$ per million output tokens (card's prices), at one instance's best load within the objective")
+    ax.set_ylabel(f"recovery, worst task\n({decision.policy.confidence:.0%} paired bootstrap interval)")
+    title = f"{card.name}: quality against cost" + (
+        " (decides the ship: prefer cost)" if decision.policy.prefer == "cost" else ""
+    )
+    ax.set_title(title, fontsize=11)
+    ax.text(0.0, -0.2, how, transform=ax.transAxes, fontsize=8, color=_GREY)
+    ax.grid(alpha=0.3, which="both")
+    handles = [
+        *_verdict_handles(decision),
+        Line2D([], [], ls="", marker="o", color=_GREY, ms=7, label="filled: measured on that device"),
+        Line2D([], [], ls="", marker="o", color=_GREY, markerfacecolor="white", mew=2, ms=7, label="hollow: projected"),
+        Line2D([], [], ls="", marker="o", color=_GREY, ms=15, markerfacecolor="none", mew=1.5, label="ring: ships"),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 

@@ -19,7 +19,7 @@ from pipelines.core.paths import reports_dir
 from pipelines.core.results import Benched, Served, result_of
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
-from pipelines.present import capacity, charts, formats, shapes
+from pipelines.present import capacity, charts, formats, shapes, shipcard
 from pipelines.present.tables import (
     fits_section,
     policy_text,
@@ -29,6 +29,7 @@ from pipelines.present.tables import (
     table,
 )
 
+SHIP_CARD = "ship_card.md"
 KERNELS = (
     "kernels: native where the engine runs the format on its own units, weight-only where it upcasts low-bit "
     "weights inside the kernel and computes in 16 bits, emulated where it dequantizes them first"
@@ -76,6 +77,11 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
         "",
         f"**Decision:** {decision.chosen or 'nothing ships'} ({decision.why}).",
         "",
+        *(
+            [f"Its ship card, also the registered version's description: [{SHIP_CARD}]({SHIP_CARD}).", ""]
+            if decision.chosen
+            else []
+        ),
         f"Decided {decision.decided} by `qeval gate` at commit {decision.code.commit[:12]}"
         f"{' with uncommitted changes' if decision.code.dirty else ''} (artifacts/{decision.model}/gate.json).",
         "",
@@ -148,11 +154,26 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     if any(result_of(card.name, p, Benched) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
+    if tab := capacity.table(card, decision):
+        how = f"{tab.load}, scenario {tab.scenario}: the capacity and cost table's priced cells"
+        if points := _cost_points(tab):
+            figures["quality_vs_cost.png"] = charts.cost_against_quality(card, decision, points, how)
     cols = table(card, decision)
     # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
     history = {"decided": [decision.decided] * len(cols["build"]), **cols}
     tables = {"gate_table.json": history, **_capacity_table(card, decision)}
-    return _publish(out, figures, markdown(card, decision, cols, list(figures)), tables, tracker)
+    text = markdown(card, decision, cols, list(figures))
+    shipped = shipcard.ship_card(card, decision)
+    if shipped:
+        atomic_write(out / SHIP_CARD, shipped)
+    return _publish(out, figures, text, tables, tracker, [out / SHIP_CARD] if shipped else [])
+
+
+def _cost_points(tab: capacity.Table) -> list[tuple[str, str, float, bool]]:
+    """(precision, device, $ per million output tokens, measured) for every priced cell of the capacity table."""
+    cells = [(r.precision, c) for r in tab.rows for c in r.cells.values()]
+    return [(p, c.device, c.cost.usd_per_mtok, bool(c.per and c.per.measured)) for p, c in cells
+            if c.cost.usd_per_mtok is not None]  # fmt: skip
 
 
 def _capacity_table(card: ModelCard, decision: Decision | None) -> dict[str, dict[str, list]]:
@@ -166,15 +187,17 @@ def _capacity_table(card: ModelCard, decision: Decision | None) -> dict[str, dic
     return {"capacity_table.json": {"logged": [when] * len(cols["build"]), **cols}}
 
 
-def _publish(out: Path, figures: dict, text: str, tables: dict, tracker: Tracker) -> list[Path]:
-    """The charts and report.md written to `out` and logged to the model's summary run; the files written."""
+def _publish(out: Path, figures: dict, text: str, tables: dict, tracker: Tracker,
+             more: list[Path] | None = None) -> list[Path]:  # fmt: skip
+    """The charts and report.md (and `more` files written) in `out`, logged to the model's summary run; the
+    files written."""
     for name, fig in figures.items():
         _save_fig(fig, out / name)
     md = out / "report.md"
     atomic_write(md, text)
-    tracker.log_report(figures, tables, [md])
+    tracker.log_report(figures, tables, [md, *(more or [])])
     charts.close(figures.values())
-    return [out / name for name in figures] + [md]
+    return [out / name for name in figures] + [md, *(more or [])]
 
 
 def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:

@@ -112,6 +112,8 @@ def policy_text(decision: Decision) -> str:
     speed = f"at least {g.min_speedup:g}x" if g.min_speedup is not None else "not gated"
     parts.append(f"speed-up in {decision.speed_axis}: {speed}")
     parts.append(f"memory budget: {f'{g.memory_budget_gb:g} GB' if g.memory_budget_gb else 'none'}")
+    if g.max_cost_per_mtok is not None:
+        parts.append(f"cost: at most ${g.max_cost_per_mtok:g} per million output tokens")
     parts.append(f"prefer {g.prefer} (ties within {g.tie_tolerance:.0%})")
     parts.append(f"paired bootstrap: {g.bootstrap_resamples} resamples, seed {g.bootstrap_seed}")
     return "; ".join(parts)

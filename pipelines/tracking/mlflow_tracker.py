@@ -36,9 +36,11 @@ from pipelines.tracking.mapping import (
 from pipelines.tracking.names import (
     EXPERIMENT_KIND_TAG,
     KIND_SUMMARY,
+    MAX_DESCRIPTION,
     MAX_TAG,
     PARAM_PRECISION,
     SHIP_ALIAS,
+    SHIP_CARD,
     TAG_CHOSEN,
     TAG_DIGESTS,
     TAG_KIND,
@@ -217,7 +219,8 @@ class MlflowTracker:
         except MlflowException:
             return None
         precision = self.client.get_run(v.run_id).data.tags.get(TAG_PRECISION, "") if v.run_id else ""
-        return {"version": str(v.version), "run_id": v.run_id or "", "source": v.source, "precision": precision}
+        return {"version": str(v.version), "run_id": v.run_id or "", "source": v.source, "precision": precision,
+                "description": v.description or ""}  # fmt: skip
 
     def download_version(self, alias: str, dst: Path) -> dict[str, str]:
         """The files of the registry version behind `alias`, under the folder `dst`."""
@@ -234,7 +237,7 @@ class MlflowTracker:
         mlflow.artifacts.download_artifacts(artifact_uri=v.source, dst_path=str(dst), tracking_uri=self.uri)
         precision = self.client.get_run(v.run_id).data.tags.get(TAG_PRECISION, "") if v.run_id else ""
         return {"name": name, "version": str(v.version), "alias": alias, "run_id": v.run_id or "",
-                "precision": precision, "source": scrub(v.source)}  # fmt: skip
+                "precision": precision, "source": scrub(v.source), "description": v.description or ""}  # fmt: skip
 
     def _batch(self, run_id: str, metrics=None, series=None, params=None, tags=None) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -312,7 +315,7 @@ class MlflowTracker:
         for b in decision.builds:
             self._batch(self.build_run(b.precision), verdict_metrics(b), tags=verdict_tags(decision, b))
 
-    def register_ship(self, run_id: str, source: str, why: str) -> dict[str, str]:
+    def register_ship(self, run_id: str, source: str, why: str, card: str = "") -> dict[str, str]:
         """Register the chosen build as a version of `qeval-<model>` and point alias `ship` at it.
 
         A build registered before from the same run and checkpoint keeps its version."""
@@ -330,7 +333,9 @@ class MlflowTracker:
             same = [v for v in same if v.source == source]
             version = same[0] if same else self.client.create_model_version(name, source, run_id=run_id)
             self.client.set_registered_model_alias(name, SHIP_ALIAS, version.version)
-            self.client.update_model_version(name, version.version, description=f"Chosen by the gate: {why}")
+            self.client.update_model_version(name, version.version, description=_description(card, why, run_id))
+        if card:
+            self.client.log_text(run_id, card, SHIP_CARD)
         self.client.set_tag(run_id, TAG_CHOSEN, "true")
         return {"name": name, "version": str(version.version), "alias": SHIP_ALIAS, "source": source}
 
@@ -364,3 +369,13 @@ class MlflowTracker:
             self.client.log_artifact(run_id, str(path), artifact_path="report")
         self.client.set_terminated(run_id, "FINISHED")
         return run_id
+
+
+def _description(card: str, why: str, run_id: str) -> str:
+    """A registered version's description: its ship card, cut to what the registry keeps (the whole card is
+    `ship/README.md` on the run, which `qeval card` and `qeval pull` read)."""
+    text = card or f"Chosen by the gate: {why}"
+    if len(text) <= MAX_DESCRIPTION:
+        return text
+    note = f"\n\n(cut to the registry's {MAX_DESCRIPTION:,} characters; the whole card: {SHIP_CARD} on run {run_id})"
+    return text[: MAX_DESCRIPTION - len(note)] + note

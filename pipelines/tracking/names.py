@@ -26,6 +26,10 @@ TAG_COMMIT, TAG_DIRTY = "mlflow.source.git.commit", "qeval.git_dirty"
 TAG_STAGE, TAG_STAGE_ERROR = "qeval.stage.{stage}", "qeval.stage.{stage}.error"
 TAG_DIGESTS = "qeval.digests"  # {stage: cache key} as JSON: one tag, not one per stage in the run page's tags
 SHIP_ALIAS = "ship"
+SHIP_CARD = "ship/README.md"  # the shipped build's card, on its run (also the registered version's description)
+# MLflow's SQL store keeps a model version's description in 5,000 characters (mlflow/store/model_registry/
+# dbmodels/models.py, SqlModelVersion.description: String(5000)); PostgreSQL refuses a longer one.
+MAX_DESCRIPTION = 5000
 MAX_TAG = 5000  # MLflow's limit on a tag value is 8000 characters; keep errors well inside it.
 
 EVAL_METRIC = "eval/{task}/{metric}"

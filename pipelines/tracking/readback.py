@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 from eval.paired import Scored
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
-from pipelines.core.files import replace_dir, scratch
+from pipelines.core.files import atomic_write, replace_dir, scratch
 from pipelines.core.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
 from pipelines.core.registry import JUDGED, STAGES
 from pipelines.core.results import Evaluated, read_manifest
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
+from pipelines.tracking.names import SHIP_CARD
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,19 @@ def fetch_shipped(card: ModelCard, tracker: Tracker) -> tuple[dict[str, str], tu
     return info, (Scored(folder, done.result.accuracy), done.result)
 
 
+def ship_card(tracker: Tracker, run_id: str) -> str | None:
+    """The whole ship card the gate logged on the shipped build's run (pipelines/present/shipcard.py), or None."""
+    if not run_id:
+        return None
+    with tempfile.TemporaryDirectory(prefix="qeval-card-") as tmp:
+        got = tracker.download(run_id, SHIP_CARD.split("/")[0], Path(tmp))
+        card = got / SHIP_CARD.split("/")[1] if got else None
+        return card.read_text() if card and card.is_file() else None
+
+
 def pull(tracker: Tracker, alias: str, folder: Path) -> dict:
-    """The registry version behind `alias` (its build's checkpoint) into `folder`, whole or not at all."""
+    """The registry version behind `alias` (its build's checkpoint) into `folder`, whole or not at all, with
+    its ship card as README.md where the gate wrote one."""
     folder = folder.resolve()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise QevalError(f"{folder} exists and is not an empty folder; name a new one")
@@ -113,6 +126,8 @@ def pull(tracker: Tracker, alias: str, folder: Path) -> dict:
         if folder.exists():
             folder.rmdir()
         folder.parent.mkdir(parents=True, exist_ok=True)
+        if card := ship_card(tracker, got.get("run_id", "")):
+            atomic_write(config.parent / "README.md", card)
         config.parent.rename(folder)
     files = [f for f in folder.rglob("*") if f.is_file()]
     return {**got, "folder": str(folder), "files": len(files), "bytes": sum(f.stat().st_size for f in files)}

@@ -129,6 +129,12 @@ GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
     "gate/decode_tps": lambda b: b.speed.decode_tps,
     "gate/goodput_rps": lambda b: b.speed.goodput,
     GATE_USERS_AT_SLO: lambda b: b.speed.users_at_slo,
+    # the card's traffic on the device the gate judges cost on (pipelines/present/capacity.py)
+    "cost/usd_per_mtok": lambda b: b.speed.cost.usd_per_mtok if b.speed.cost else None,
+    "cost/usd_per_hour": lambda b: b.speed.cost.usd_per_hour if b.speed.cost else None,
+    "cost/devices": lambda b: b.speed.cost.devices if b.speed.cost else None,
+    "cost/users_per_instance": lambda b: b.speed.cost.users_per_instance if b.speed.cost else None,
+    "cost/measured": lambda b: float(b.speed.cost.measured) if b.speed.cost else None,  # 1 measured, 0 projected
 }
 
 # Params: every setting that changes a result. Each table maps a field of the stage's config to its

@@ -1,0 +1,114 @@
+"""The ship card: a Markdown model card for the build the gate chose, after the manner of published
+quantized-model cards: what it is (base, scheme, calibration, proof against the baseline), its accuracy
+recovery per task with paired intervals, its speed per concurrency as measured (device, engine, kernels,
+native or emulated, the real checkpoint or random weights), memory, the capacity and cost of the card's
+traffic, library versions, and the command that serves it. The gate makes it the registered version's
+description and an artifact beside the checkpoint; `qeval card` prints it, `qeval pull` writes it as
+README.md next to the weights.
+"""
+
+from __future__ import annotations
+
+from pipelines.core.cards import ModelCard
+from pipelines.core.results import AtShape, Quantized, Served, finished, result_of
+from pipelines.core.verdicts import BuildVerdict, Decision
+from pipelines.present import capacity, formats
+
+
+def _what(card: ModelCard, precision: str) -> list[str]:
+    done = finished(card.name, precision, Quantized)
+    src = card.source
+    base = f"{src.hub_id} (revision {src.revision})" if src.hub_id else src.path
+    lines = ["## What it is", "", f"- Base model: {base}", f"- Precision: {precision}"]
+    if done is None:
+        return lines
+    q = done.result
+    lines.append(f"- Scheme: {q.scheme}; weights {formats.size(q.checkpoint_bytes / 1e9)} in safetensors "
+                 "(compressed-tensors format, built with llm-compressor)")  # fmt: skip
+    cal = q.config.calibration if q.config else None
+    if cal is not None and q.build is not None:
+        lines.append(f"- Calibration: {card.calibration.dataset if card.calibration else cal}, "
+                     f"{q.build.calibration_samples} samples, {q.build.calibration_tokens:,} tokens "
+                     f"(sha256 {(q.build.calibration_sha256 or '?')[:12]})")  # fmt: skip
+    if q.proof is not None:
+        lines.append(f"- Checked against the baseline after reloading: KL {q.proof.kl_vs_baseline:.4f} nats per "
+                     f"token, top-1 agreement {q.proof.top1_agreement:.3f}")  # fmt: skip
+    lines.append("- Library versions: " + ", ".join(f"{k} {v}" for k, v in sorted(done.versions.items())))
+    return lines
+
+
+def _accuracy(b: BuildVerdict, decision: Decision) -> list[str]:
+    lines = [
+        "## Accuracy against the baseline", "",
+        f"Recovery = this build's score / the baseline's ({decision.policy.baseline}) on the same documents, with "
+        f"a {decision.policy.confidence:.0%} paired bootstrap interval "
+        f"({decision.policy.bootstrap_resamples:,} resamples).", "",
+        "| task | metric | baseline | this build | recovery | interval | verdict |", "|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for task, c in b.tasks.items():
+        rec, lo, hi = c.recovery
+        lines.append(f"| {task} | {c.metric} | {c.baseline:.4g} | {c.build:.4g} | {rec:.4f} | [{lo:.4f}, {hi:.4f}] "
+                     f"| {c.verdict} |")  # fmt: skip
+    return lines
+
+
+def _speed(card: ModelCard, precision: str) -> list[str]:
+    served = result_of(card.name, precision, Served)
+    shaped = result_of(card.name, precision, AtShape)
+    lines = ["## Speed, as measured"]
+    if served is not None:
+        device = served.vllm.device if served.vllm else "the server's device"
+        lines += ["", f"This checkpoint on {served.engine_version or served.engine} on {device} ({served.execution}: "
+                  f"{served.kernel_names}), {served.load.input_len} tokens in and {served.load.output_len} out, "
+                  f"closed-loop, {served.load.requests_per_user} requests per user; objective TTFT p95 <= "
+                  f"{served.slo.ttft_ms:g} ms, TPOT p95 <= {served.slo.tpot_ms:g} ms.", "",
+                  "| users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s | within the objective |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for c, m in served.per_level.items():
+            lines.append(f"| {c} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} | "
+                         f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} |")  # fmt: skip
+    if shaped is not None:
+        for name, sw in shaped.scenarios.items():
+            held = "probed, too slow to sweep" if sw.probe else f"{sw.max_users_at_slo} users within the objective"
+            lines += ["", f"- {shaped.weights}, scenario {name} ({sw.load.input_len} in, {sw.load.output_len} out): "
+                      f"{held} ({shaped.engine_version}, {shaped.execution}: {shaped.kernel_names})"]  # fmt: skip
+    if len(lines) == 1:
+        lines += ["", "Not measured on a server."]
+    return lines
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    return f"{formats.ms(a) if a is not None else '-'} / {formats.ms(b) if b is not None else '-'}"
+
+
+def _serve(card: ModelCard, precision: str) -> list[str]:
+    served = result_of(card.name, precision, Served)
+    length = f" --max-model-len {served.vllm.max_model_len}" if served and served.vllm else ""
+    kv = f" --kv-cache-dtype {card.server.kv_cache_dtype}" if card.server.kv_cache_dtype != "auto" else ""
+    return ["## Serving it", "", "From the folder `qeval pull --model "
+            f"{card.name} <folder>` writes (this file is its README.md):", "", "```",
+            f"vllm serve <folder> --host 127.0.0.1 --port 8000{length}{kv}", "```"]  # fmt: skip
+
+
+def ship_card(card: ModelCard, decision: Decision) -> str | None:
+    """The chosen build's card as Markdown, or None where nothing ships."""
+    b = next((b for b in decision.builds if b.precision == decision.chosen), None)
+    if b is None:
+        return None
+    p = b.precision
+    lines = [
+        f"# {card.name} {p}: the build qeval ships", "",
+        f"Chosen by `qeval gate` on {decision.decided} at commit {decision.code.commit[:12]}: {decision.why}.", "",
+        *_what(card, p), "", *_accuracy(b, decision), "",
+        "## Memory", "",
+        f"- Weights {formats.size(b.speed.weights_gb)} resident; peak {formats.size(b.speed.peak_gb)} in the engine "
+        f"bench (transformers) at batch {decision.policy.speed_batch}", "",
+        *_speed(card, p),
+    ]  # fmt: skip
+    tab = capacity.table(card, decision)
+    row = next((r for r in tab.rows if r.precision == p), None) if tab else None
+    if row is not None:
+        lines += ["", f"## Capacity and cost: {tab.load}, scenario {tab.scenario}", ""]
+        lines += [f"- {d}: {capacity.cell_text(cell)}" for d, cell in row.cells.items()]
+    lines += ["", *_serve(card, p), "", "## Every rule the gate applied", "", *[f"- {r}" for r in b.reasons], ""]
+    return "\n".join(lines)
