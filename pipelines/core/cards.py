@@ -290,11 +290,11 @@ class ModelCard(_Strict):
             )
         if self.traffic and self.traffic.scenario not in (None, *self.speed.operating_points):
             raise ValueError(f"traffic.scenario '{self.traffic.scenario}' is not among speed.scenarios")
+        if self.gate.cost_on not in (None, CPU):
+            get_gpu(self.gate.cost_on)
         costed = self.gate.prefer == "cost" or self.gate.max_cost_per_mtok is not None
         if costed and (self.traffic is None or self.cost_device not in self.traffic.prices):
             raise ValueError(f"gate: judging cost needs a traffic section with a price for '{self.cost_device}'")
-        if self.gate.cost_on not in (None, CPU):
-            get_gpu(self.gate.cost_on)
         if self.gate.speed_batch not in self.speed.batch_sizes:
             raise ValueError(
                 f"gate.speed_batch {self.gate.speed_batch} is not among speed.batch_sizes {self.speed.batch_sizes}"
