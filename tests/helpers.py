@@ -13,6 +13,13 @@ from pathlib import Path
 from pipelines.core.procs import free_port
 
 REPO = Path(__file__).resolve().parent.parent
+# A two-layer Qwen2 config (tests/test_shape.py serves it with random weights; tests/test_init.py writes cards)
+TINY = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+    "vocab_size": 4096, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
 __all__ = ["REPO", "env_with", "free_port", "last_json_line", "qeval", "qeval_timed", "root_env", "same_logits"]
 
 

@@ -4,9 +4,11 @@ quantized build's checkpoint; what identifies them in cache keys; and the files 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from eval.sizing import Shape
 from pipelines.core.cards import ModelCard, card_names, load_card
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
@@ -117,6 +119,17 @@ def architecture_config(card: ModelCard, purpose: str) -> Path:
     if not path.is_file():
         raise QevalError(f"model '{card.name}': no architecture config at {path}")
     return path
+
+
+def architecture(card: ModelCard, purpose: str) -> tuple[Shape, Path, int | None]:
+    """The model's shape (eval/sizing.py), the config.json it comes from and the positions it was built for;
+    QevalError naming the file where it cannot be read."""
+    path = architecture_config(card, purpose)
+    try:
+        cfg = json.loads(path.read_text())
+        return Shape.from_config(cfg), path, cfg.get("text_config", cfg).get("max_position_embeddings")
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise QevalError(f"model '{card.name}': cannot read the architecture from {path}: {e}") from None
 
 
 def offline_env(card: ModelCard) -> dict[str, str]:

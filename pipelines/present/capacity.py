@@ -10,19 +10,19 @@ million output tokens and per request, and says whether it was measured or proje
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 
 import eval.capacity as capacity
 import eval.gpus as gpus
-from eval.serving import LevelMetrics, crossovers, speedups
+from eval.serving import LevelMetrics, speedups
 from eval.sizing import Shape
 from pipelines.core.cards import ModelCard, Scenario, Slo
 from pipelines.core.errors import QevalError
 from pipelines.core.results import AtShape, Served, Sized, result_of
 from pipelines.core.traffic import CPU
 from pipelines.core.verdicts import CostFigure, Decision
-from pipelines.core.weights import architecture_config
+from pipelines.core.weights import architecture
+from pipelines.present import formats
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,13 @@ def _measured(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found
 
 
 def _shape(card: ModelCard) -> tuple[Shape | None, int | None]:
-    """The model's shape and its positions, from its architecture config; (None, None) where the card has no
-    config this machine can read (a hub card without `source.config`): then nothing is projected."""
+    """The model's shape and its positions; (None, None) where the card has no architecture this machine can
+    read (a hub card without `source.config`): then nothing is projected."""
     try:
-        path = architecture_config(card, "the capacity table")
-        cfg = json.loads(path.read_text())
-        return Shape.from_config(cfg), cfg.get("text_config", cfg).get("max_position_embeddings")
-    except (QevalError, OSError, ValueError, KeyError, AttributeError):
+        shape, _, positions = architecture(card, "the capacity table")
+    except QevalError:
         return None, None
+    return shape, positions
 
 
 def _needed(card: ModelCard, per: capacity.PerInstance | None) -> float:
@@ -172,13 +171,7 @@ def _crossover(card: ModelCard, sweeps: dict[str, dict[int, LevelMetrics]], p: s
     base = sweeps.get(card.gate.baseline)
     if p == card.gate.baseline or base is None or p not in sweeps:
         return "-"
-    ups = speedups(base, sweeps[p])
-    if not ups:
-        return "-"
-    crossed = crossovers(ups)
-    if crossed:
-        return "; ".join(f"{what} at {c} users" for c, what in crossed)
-    return f"{'faster' if min(ups.values()) > 1 else 'slower'} than {card.gate.baseline} at every level swept"
+    return formats.crossing(speedups(base, sweeps[p]), card.gate.baseline)
 
 
 def _usd(x: float) -> str:
@@ -202,9 +195,8 @@ def cell_text(cell: Cell) -> str:
             f"{_usd(1000 * c.usd_per_request)} per 1,000 requests ({where})")  # fmt: skip
 
 
-def section(card: ModelCard, decision: Decision | None = None) -> list[str]:
-    """The table as Markdown lines, with how each kind of cell was reached; empty without traffic."""
-    tab = table(card, decision)
+def section(card: ModelCard, tab: Table | None) -> list[str]:
+    """The table (table()) as Markdown lines, with how each column's cells were reached; empty without one."""
     if tab is None:
         return []
     slo = tab.slo
@@ -224,7 +216,8 @@ def section(card: ModelCard, decision: Decision | None = None) -> list[str]:
         cells = [cell_text(r.cells[d]) if d in r.cells else "-" for d in tab.devices]
         lines.append(f"| {r.precision} | {r.verdict or '-'} | {r.worst or '-'} | " + " | ".join(cells)
                      + f" | {r.crossover} |")  # fmt: skip
-    return lines
+    hows = {(d, c.per.how) for r in tab.rows for d, c in r.cells.items() if c.per is not None}
+    return [*lines, "", *(f"- {d}: {how}" for d in tab.devices for how in sorted({h for e, h in hows if e == d}))]
 
 
 def columns(tab: Table) -> dict[str, list]:

@@ -7,6 +7,7 @@ The colours are Okabe and Ito's set for colour-blind readers ("Color Universal D
 
 from __future__ import annotations
 
+from eval.serving import crossovers
 from eval.stats import Verdict
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured
 from quant.execution import Execution
@@ -81,3 +82,13 @@ def summary(decision: Decision, build: BuildVerdict | None) -> str:
         f"{verdict}: {size(build.speed.weights_gb)} · recovery {rec:.4f} [{lo:.4f}, {hi:.4f}] (worst: {task}) · "
         f"{speed(build.speed)}"
     )
+
+
+def crossing(ups: dict[int, float], baseline: str) -> str:
+    """Where a build's speed-up over the baseline, level by level, crosses 1 (eval/serving.py's crossovers),
+    or that it never does; "-" without a level in common."""
+    if not ups:
+        return "-"
+    if crossed := crossovers(ups):
+        return "; ".join(f"{what} at {c} users" for c, what in crossed)
+    return f"{'faster' if min(ups.values()) > 1 else 'slower'} than {baseline} at every level swept"

@@ -70,7 +70,8 @@ def _how_served(card: ModelCard) -> str:
     )
 
 
-def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts: list[str]) -> str:
+def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts: list[str],
+             tab: capacity.Table | None = None) -> str:  # fmt: skip
     names = list(cols)
     lines = [
         f"# {card.name}: which build ships",
@@ -101,7 +102,7 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
     for i in range(len(cols["build"])):
         lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
     lines += fits_section(card)
-    lines += capacity.section(card, decision)
+    lines += capacity.section(card, tab)
     lines += ["", "## Reasons", ""]
     for b in decision.builds:
         lines.append(f"- **{b.precision}: {b.verdict}**")
@@ -154,16 +155,16 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     if any(result_of(card.name, p, Benched) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
-    if tab := capacity.table(card, decision):
+    if tab := capacity.table(card, decision):  # once: the section, the chart, the MLflow table, the ship card
         how = f"{tab.load}, scenario {tab.scenario}: the capacity and cost table's priced cells"
         if points := _cost_points(tab):
             figures["quality_vs_cost.png"] = charts.cost_against_quality(card, decision, points, how)
     cols = table(card, decision)
     # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
     history = {"decided": [decision.decided] * len(cols["build"]), **cols}
-    tables = {"gate_table.json": history, **_capacity_table(card, decision)}
-    text = markdown(card, decision, cols, list(figures))
-    shipped = shipcard.ship_card(card, decision)
+    tables = {"gate_table.json": history, **_capacity_table(tab, decision.decided)}
+    text = markdown(card, decision, cols, list(figures), tab)
+    shipped = shipcard.ship_card(card, decision, tab)
     if shipped:
         atomic_write(out / SHIP_CARD, shipped)
     return _publish(out, figures, text, tables, tracker, [out / SHIP_CARD] if shipped else [])
@@ -176,14 +177,12 @@ def _cost_points(tab: capacity.Table) -> list[tuple[str, str, float, bool]]:
             if c.cost.usd_per_mtok is not None]  # fmt: skip
 
 
-def _capacity_table(card: ModelCard, decision: Decision | None) -> dict[str, dict[str, list]]:
+def _capacity_table(tab: capacity.Table | None, when: str) -> dict[str, dict[str, list]]:
     """The capacity and cost table as MLflow's log_table takes it, where the card states its traffic (each
-    logging's rows carry its time: MLflow appends to the table already logged under that name)."""
-    tab = capacity.table(card, decision)
+    logging's rows carry `when`: MLflow appends to the table already logged under that name)."""
     if tab is None:
         return {}
     cols = capacity.columns(tab)
-    when = decision.decided if decision else datetime.now(UTC).isoformat(timespec="seconds")
     return {"capacity_table.json": {"logged": [when] * len(cols["build"]), **cols}}
 
 
@@ -212,6 +211,8 @@ def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
         for name in shapes.scenario_names(shaped)
     }  # fmt: skip
     lines = shapes.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
-    lines += capacity.section(card)
+    tab = capacity.table(card)
+    lines += capacity.section(card, tab)
     lines += ["", *(f"![{n}]({n})" for n in figures), ""]
-    return _publish(out, figures, "\n".join(lines), _capacity_table(card, None), tracker)
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    return _publish(out, figures, "\n".join(lines), _capacity_table(tab, now), tracker)

@@ -7,7 +7,7 @@ figures are random weights'.
 
 from __future__ import annotations
 
-from eval.serving import crossovers, speedups
+from eval.serving import speedups
 from pipelines.core.cards import ModelCard
 from pipelines.core.results import AtShape, ScenarioSweep, Sized, result_of
 from pipelines.present import formats
@@ -83,15 +83,9 @@ def speedup_rows(card: ModelCard, shaped: dict[str, AtShape], scenario: str) -> 
             continue
         ups = speedups(base.per_level, sw.per_level)
         cells = [f"{ups[c]:.2f}x" if c in ups else "-" for c in levels]
-        crossed = crossovers(ups)
-        if sw.probe is not None:
-            where = "not swept (too slow at one user)"
-        elif crossed:
-            where = "; ".join(f"{what} at {c} users" for c, what in crossed)
-        elif ups:
-            where = f"{'faster' if min(ups.values()) > 1 else 'slower'} at every level swept"
-        else:
-            where = "-"
+        where = (
+            "not swept (too slow at one user)" if sw.probe is not None else formats.crossing(ups, card.gate.baseline)
+        )
         rows.append(f"| {p} | " + " | ".join(cells) + f" | {where} |")
     return rows
 

@@ -90,8 +90,9 @@ def _serve(card: ModelCard, precision: str) -> list[str]:
             f"vllm serve <folder> --host 127.0.0.1 --port 8000{length}{kv}", "```"]  # fmt: skip
 
 
-def ship_card(card: ModelCard, decision: Decision) -> str | None:
-    """The chosen build's card as Markdown, or None where nothing ships."""
+def ship_card(card: ModelCard, decision: Decision, tab: capacity.Table | None = None) -> str | None:
+    """The chosen build's card as Markdown, or None where nothing ships; `tab`: the capacity table where the
+    caller has it (else it is made here)."""
     b = next((b for b in decision.builds if b.precision == decision.chosen), None)
     if b is None:
         return None
@@ -105,7 +106,7 @@ def ship_card(card: ModelCard, decision: Decision) -> str | None:
         f"bench (transformers) at batch {decision.policy.speed_batch}", "",
         *_speed(card, p),
     ]  # fmt: skip
-    tab = capacity.table(card, decision)
+    tab = tab or capacity.table(card, decision)
     row = next((r for r in tab.rows if r.precision == p), None) if tab else None
     if row is not None:
         lines += ["", f"## Capacity and cost: {tab.load}, scenario {tab.scenario}", ""]

@@ -20,13 +20,13 @@ from pathlib import Path
 import eval.gpus as gpus
 import eval.sizing as sizing
 from eval.speed import decode_step_bytes, mid_generation_context
+from pipelines.core import weights
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.results import AtShape, BenchCheck, Benched, Quantized, Sized, StageRecord, finished, result_of
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
-from pipelines.core.weights import architecture_config
 
 log = logging.getLogger(__name__)
 KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}
@@ -35,11 +35,8 @@ KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}
 
 def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
     """The model's shape from `source.config` or the local checkpoint's config.json."""
-    path = architecture_config(card, "sizing")
-    try:
-        return sizing.Shape.from_config(json.loads(path.read_text())), path
-    except (OSError, ValueError, KeyError) as e:
-        raise QevalError(f"model '{card.name}': cannot read the architecture from {path}: {e}") from None
+    shape, path, _ = weights.architecture(card, "sizing")
+    return shape, path
 
 
 def assumptions(card: ModelCard, *, mbu: float = 1.0) -> sizing.Assumptions:
