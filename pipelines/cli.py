@@ -8,69 +8,49 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from collections.abc import Callable
 from dataclasses import asdict
-from functools import wraps
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from pipelines import cli_ship
+from pipelines.cli_common import (
+    ForceOpt,
+    JsonOpt,
+    ModelOpt,
+    PrecisionsOpt,
+    ScenariosOpt,
+    emit_json,
+    err,
+    guarded,
+    out,
+    tracker_for,
+)
 from pipelines.core import cards as cards_mod
-from pipelines.core import logs
+from pipelines.core import logs, progress
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
-from pipelines.core.results import StageRecord
+from pipelines.core.manifests import StageRecord
 from pipelines.present import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization evaluation pipeline.")
-# Written to a file or a pipe, Rich would cut tables at 80 columns: names a user must type get "…"; wide
-# enough, a table keeps its natural width.
-out = Console(width=None if sys.stdout.isatty() else 400)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
-
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="model card name (see `qeval models`)")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="redo stages even when their inputs are unchanged")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document as the last line")]
-PrecisionsOpt = Annotated[list[str] | None, typer.Option(help="build; repeat for several (default: all)")]
-ScenariosOpt = Annotated[
-    list[str] | None, typer.Option("--scenario", help="the card's speed scenario to sweep; repeat (default: all)")
-]
 
 
 @app.callback()
 def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
     logs.quiet_environment()  # children (quantize, evaluate, the UI server) inherit it
     logs.setup(verbose=verbose, rich_console=err)
+    try:
+        progress.every_s()  # a bad setting is one line now, not a stage that fails on it later
+    except QevalError as e:
+        err.print(f"qeval: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     # SIGTERM (CI runners, job schedulers) stops qeval as Ctrl-C does: every server and child it started is
     # stopped on the way out and the running stage ends as failed. SIGINT is restored too, for a qeval
     # started in the background by a non-interactive shell, which inherits it ignored.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.default_int_handler)
-
-
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a QevalError into one line on stderr and exit status 2."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except QevalError as e:
-            err.print(f"qeval: error: {e}", markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err.print("qeval: interrupted (Ctrl-C or SIGTERM); what was running was stopped", highlight=False)
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
-def _emit_json(doc: Any, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.flush()
-        print(json.dumps(doc, default=str), flush=True)
 
 
 def _builds(card: ModelCard, precisions: list[str] | None, default: list[str]) -> list[str]:
@@ -91,15 +71,9 @@ def _only(card: ModelCard, precisions: list[str] | None) -> ModelCard:
     )
 
 
-def _tracker(model: str):
-    from pipelines.tracking.mlflow_tracker import MlflowTracker
-
-    return MlflowTracker(model)
-
-
 def _report(model: str, records: list[StageRecord], as_json: bool) -> None:
     out.print(console.records(records))
-    _emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
+    emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
 
 
 def _run_builds(
@@ -114,25 +88,25 @@ def _run_builds(
     """Run one stage for the chosen builds of a card (all checked before any work starts)."""
     card = cards_mod.load_card(model).with_scenarios(scenarios or [])
     chosen = _builds(card, precisions, default(card))
-    tracker = _tracker(model)
+    tracker = tracker_for(model)
     _report(model, [stage(card, p, tracker, **options) for p in chosen], as_json)
 
 
 @app.command()
-@_guarded
+@guarded
 def models(as_json: JsonOpt = False) -> None:
     """List the model cards and check that each one is valid."""
-    from pipelines.core.weights import survey
+    from pipelines.core.demands import survey
 
     listed, problems = survey()
     out.print(console.cards(listed))
-    _emit_json({"models": listed, "invalid": problems}, as_json)
+    emit_json({"models": listed, "invalid": problems}, as_json)
     if problems:
         raise QevalError("; ".join(problems))
 
 
 @app.command()
-@_guarded
+@guarded
 def init(
     source: Annotated[str, typer.Argument(help="a checkpoint folder, or a hub id (owner/name)")],
     name: Annotated[str | None, typer.Option(help="the card's name (default: from the source)")] = None,
@@ -150,7 +124,7 @@ def init(
 
 
 @app.command()
-@_guarded
+@guarded
 def quantize(
     model: ModelOpt,
     precision: Annotated[
@@ -167,7 +141,7 @@ def quantize(
 
 
 @app.command()
-@_guarded
+@guarded
 def evaluate(
     model: ModelOpt,
     precision: Annotated[str | None, typer.Option(help="build to evaluate (default: the baseline)")] = None,
@@ -183,7 +157,7 @@ def evaluate(
 
 
 @app.command()
-@_guarded
+@guarded
 def bench(
     model: ModelOpt,
     precision: PrecisionsOpt = None,
@@ -203,7 +177,7 @@ def bench(
 
 
 @app.command()
-@_guarded
+@guarded
 def serve(
     model: ModelOpt,
     precision: PrecisionsOpt = None,
@@ -226,7 +200,7 @@ def serve(
 
 
 @app.command()
-@_guarded
+@guarded
 def shape(model: ModelOpt, precision: PrecisionsOpt = None, scenario: ScenariosOpt = None, force: ForceOpt = False,
           as_json: JsonOpt = False) -> None:  # fmt: skip
     """Every precision's speed at the model's real shape with random weights, on vLLM (no weights needed)."""
@@ -236,7 +210,7 @@ def shape(model: ModelOpt, precision: PrecisionsOpt = None, scenario: ScenariosO
 
 
 @app.command()
-@_guarded
+@guarded
 def size(
     model: ModelOpt,
     precision: PrecisionsOpt = None,
@@ -258,10 +232,10 @@ def size(
     grid, a, fits = size_stage.projection(card, chosen, names, batch, input_len, output_len, mbu)
     out.print(console.fits(model, fits, grid, a))
     if log:
-        tracker = _tracker(model)
+        tracker = tracker_for(model)
         for p in chosen:
             size_stage.size(card, p, tracker)
-    _emit_json({"model": model, "grid": grid, "mbu": mbu, "rows": [asdict(f) for f in fits]}, as_json)
+    emit_json({"model": model, "grid": grid, "mbu": mbu, "rows": [asdict(f) for f in fits]}, as_json)
 
 
 def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
@@ -273,13 +247,13 @@ def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
                   f"version {reg.get('version')}, alias '{reg.get('alias')}'", highlight=False)  # fmt: skip
     else:
         err.print(f"qeval: nothing ships for {decision.model}: {decision.why}", highlight=False)
-    _emit_json({**(extra or {}), "gate": json.loads(decision.model_dump_json())}, as_json)
+    emit_json({**(extra or {}), "gate": json.loads(decision.model_dump_json())}, as_json)
     if not decision.chosen:
         raise typer.Exit(1)
 
 
 @app.command()
-@_guarded
+@guarded
 def run(
     model: ModelOpt = "ref-lm",
     precision: Annotated[
@@ -312,7 +286,7 @@ def run(
         except ValueError as e:
             raise QevalError(f"--skip: {e}") from None
     card = _only(cards_mod.load_card(model), precision).with_scenarios(scenario or [])
-    result = run_pipeline(card, _tracker(model), force=force, skip=tuple(skip or ()), ray_address=ray_address,
+    result = run_pipeline(card, tracker_for(model), force=force, skip=tuple(skip or ()), ray_address=ray_address,
                           speed_half=speed_half)  # fmt: skip
     out.print(console.builds(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
@@ -323,13 +297,13 @@ def run(
     }
     if result.decision is None:
         err.print(f"qeval: nothing ships for {model}: {result.speed_half}", highlight=False)
-        _emit_json({**extra, "gate": None, "speed_half": result.speed_half}, as_json)
+        emit_json({**extra, "gate": None, "speed_half": result.speed_half}, as_json)
         return
     _gate_outcome(result.decision, as_json, extra)
 
 
 @app.command()
-@_guarded
+@guarded
 def gate(
     model: ModelOpt,
     against: Annotated[
@@ -349,45 +323,11 @@ def gate(
     if against not in (None, "ship"):
         raise QevalError(f"--against takes 'ship' (the build alias ship points at), not '{against}'")
     card = _only(cards_mod.load_card(model), precision)
-    _gate_outcome(run_gate(card, _tracker(model), against=against), as_json)
+    _gate_outcome(run_gate(card, tracker_for(model), against=against), as_json)
 
 
 @app.command()
-@_guarded
-def pull(
-    model: ModelOpt,
-    folder: Annotated[str, typer.Argument(help="where to put the build's files (must not exist, or be empty)")],
-    alias: Annotated[str, typer.Option(help="registry alias of the version to fetch")] = "ship",
-    as_json: JsonOpt = False,
-) -> None:
-    """Download the build behind a registry alias (default `ship`) from the tracking store: a servable folder."""
-    from pathlib import Path
-
-    from pipelines.tracking.readback import pull as run_pull
-
-    cards_mod.load_card(model)
-    got = run_pull(_tracker(model), alias, Path(folder))
-    out.print(f"{got['name']} version {got['version']} ('{alias}', {got['precision']}): {got['files']} files, "
-              f"{got['bytes'] / 1e6:.2f} MB in {got['folder']}", highlight=False)  # fmt: skip
-    _emit_json(got, as_json)
-
-
-@app.command()
-@_guarded
-def card(model: ModelOpt) -> None:
-    """Print the ship card of the build alias `ship` points at, from the tracking store."""
-    from pipelines.tracking.readback import ship_card
-
-    cards_mod.load_card(model)
-    tracker = _tracker(model)
-    if (shipped := tracker.shipped()) is None:
-        raise QevalError(f"nothing ships for {model} in the tracking store; run: qeval gate --model {model}")
-    text = ship_card(tracker, shipped["run_id"]) or shipped.get("description") or "(no ship card)"
-    out.print(text, markup=False, highlight=False, soft_wrap=True)
-
-
-@app.command()
-@_guarded
+@guarded
 def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
     """Charts and a table of the gate's last decision, speed against quality per precision, to reports/<model>/
     and MLflow."""
@@ -396,17 +336,17 @@ def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
     from pipelines.tracking.readback import fetch_builds, fetch_decision
 
     card = cards_mod.load_card(model)
-    tracker = _tracker(model)
+    tracker = tracker_for(model)
     fetch_decision(tracker)  # the store's decision, and the stages it judged, where this machine lacks them
     fetch_builds(card, tracker)
     files = write_report(card, read_decision(card.name), tracker)
     for f in files:
         out.print(str(f), highlight=False)
-    _emit_json({"model": model, "report": [str(f) for f in files]}, as_json)
+    emit_json({"model": model, "report": [str(f) for f in files]}, as_json)
 
 
 @app.command()
-@_guarded
+@guarded
 def ui(
     host: Annotated[str, typer.Option(help="address to bind; keep 127.0.0.1 unless you mean to share")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 5000,
@@ -416,3 +356,7 @@ def ui(
     from pipelines.ui import serve_ui
 
     serve_ui(host, port, model, out, err)
+
+
+for _command in (cli_ship.pull, cli_ship.verify, cli_ship.card):  # the registry's commands, in their own module
+    app.command()(_command)

@@ -25,9 +25,9 @@ from typing import Any
 from pipelines.core import logs
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
-from pipelines.core.progress import EVERY_S, duration
+from pipelines.core.manifests import StageRecord
+from pipelines.core.progress import duration, every_s
 from pipelines.core.registry import STAGES
-from pipelines.core.results import StageRecord
 from pipelines.tracking.readback import fetch_stage
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise QevalError("--ray needs Ray, an optional extra: pip install -e '.[ray]' (or: make ray)") from None
+        raise QevalError("--ray needs Ray, an optional extra: pip install -e '.[ray]' (or: make team)") from None
     return ray
 
 
@@ -176,7 +176,7 @@ def _collect(ray, card: ModelCard, pending: dict, builds: list[str]) -> list[Cha
     done: dict[str, ChainOutcome] = {}
     t0 = time.perf_counter()
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=EVERY_S)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=every_s())
         for ref in ready:
             precision = pending.pop(ref)
             try:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
+from pipelines.core.manifests import StageRecord
 from pipelines.core.registry import FULL_RUN, SPEED_HALF, STAGES
-from pipelines.core.results import StageRecord
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
 from pipelines.core.weights import resolve_weights

@@ -7,6 +7,7 @@ a compressed-tensors checkpoint with its recipe.yaml, loadable by transformers a
 from __future__ import annotations
 
 import errno
+import json
 import resource
 import time
 from pathlib import Path
@@ -67,6 +68,22 @@ def weight_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
+def drop_remote_code(checkpoint: Path) -> list[str]:
+    """Leave the model's own code out of a build whose card does not trust it: its `*.py` files and the
+    `auto_map` entries of its configs, which would make a loader that trusts remote code run them. What
+    went, for the log."""
+    dropped = []
+    for path in sorted(checkpoint.glob("*.py")):
+        path.unlink()
+        dropped.append(path.name)
+    for path in sorted(checkpoint.glob("*config.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and data.pop("auto_map", None) is not None:
+            path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            dropped.append(f"{path.name}:auto_map")
+    return dropped
+
+
 def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
     """Quantize `cfg.base` to `cfg.precision`; the checkpoint goes to `out_dir/checkpoint`."""
     import torch
@@ -78,10 +95,18 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
     precision = get_precision(cfg.precision)
     torch.manual_seed(cfg.seed)
     patched = cfg.precision == "awq" and skip_pinning_without_accelerator()
-    model = AutoModelForCausalLM.from_pretrained(
-        cfg.base, dtype=torch.bfloat16, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
-    )
-    tokenizer = AutoTokenizer.from_pretrained(cfg.base, trust_remote_code=cfg.trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.base, dtype=torch.bfloat16, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(cfg.base, trust_remote_code=cfg.trust_remote_code)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        raise ValueError(
+            f"{cfg.base}: transformers knows this architecture only through the model's own code, which qeval "
+            f"runs only where the card sets source.trust_remote_code: true (read that code first)"
+        ) from None
     if precision.grouped and (bad := misaligned_layers(model, cfg.group_size, cfg.ignore)):
         raise ValueError(
             f"{len(bad)} layer(s) have an input width not divisible by quantization.group_size={cfg.group_size}: "
@@ -122,6 +147,8 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
                 errno.ENOSPC, f"disk full while saving the checkpoint to {checkpoint}: free space or set QEVAL_WORKDIR"
             ) from None
         raise
+    if not cfg.trust_remote_code:
+        drop_remote_code(checkpoint)
     return QuantizeResult(
         precision=cfg.precision,
         seconds=round(time.perf_counter() - t0, 2),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.core.errors import QevalError
-from pipelines.core.results import Manifest
+from pipelines.core.manifests import Manifest
 from pipelines.core.tracker import ParamsChanged
 from pipelines.core.verdicts import Decision
 from pipelines.tracking.mapping import (
@@ -115,13 +115,15 @@ class MemoryTracker:
         for name, points in out.series.items():
             run.series[name] = run.series.get(name, []) + list(points)
         run.params = {**out.params, **run.params}
-        run.tags |= stage_tags(manifest.stage, manifest.inputs_digest, manifest.code, run.tags.get(TAG_DIGESTS))
-        run.tags.pop(TAG_STAGE_ERROR.format(stage=manifest.stage), None)
-        for path in files:
+        for path in files:  # the files first, then the tag that says done (as MlflowTracker does)
             if path.is_dir():
                 self.log_folder(run_id, path, f"{manifest.stage}/{path.name}")
             else:
                 run.artifacts[f"{manifest.stage}/{path.name}"] = path.read_bytes()
+        run.tags |= out.tags | stage_tags(
+            manifest.stage, manifest.inputs_digest, manifest.code, run.tags.get(TAG_DIGESTS)
+        )
+        run.tags.pop(TAG_STAGE_ERROR.format(stage=manifest.stage), None)
         run.status = "FINISHED"
 
     def mark_failed(self, run_id: str, stage: str, error: str) -> None:
@@ -169,7 +171,7 @@ class MemoryTracker:
             self.run(b.precision).tags |= verdict_tags(decision, b)
             self.run(b.precision).metrics |= verdict_metrics(b)
 
-    def register_ship(self, run_id: str, source: str, why: str, card: str = "") -> dict[str, str]:
+    def register_ship(self, run_id: str, source: str, why: str, card: str = "", files: str = "") -> dict[str, str]:
         same = [v for v in self.versions if v["run_id"] == run_id and v["source"] == source]
         if same:
             version = same[0]
@@ -177,6 +179,7 @@ class MemoryTracker:
             version = {"version": str(len(self.versions) + 1), "run_id": run_id, "source": source}
             self.versions.append(version)
         version["description"] = card or f"Chosen by the gate: {why}"
+        version["files"] = files or version.get("files", "")
         if card:
             self.runs[run_id].artifacts[SHIP_CARD] = card.encode()
         self.runs[run_id].tags[TAG_CHOSEN] = "true"
@@ -204,7 +207,7 @@ class MemoryTracker:
         precision = self.runs[run_id].tags.get(TAG_PRECISION, "")
         return {"name": name, "version": self.ship["version"], "alias": alias, "run_id": run_id,
                 "precision": precision, "source": self.ship["source"],
-                "description": self.ship.get("description", "")}  # fmt: skip
+                "description": self.ship.get("description", ""), "files": self.ship.get("files", "")}  # fmt: skip
 
     def log_decision(self, decision: Decision, file: Path) -> str:
         params = decision_params(decision)

@@ -105,8 +105,9 @@ def test_a_server_that_dies_mid_sweep_fails_the_stage_and_is_not_cached(own_root
 
     from pipelines.core.cards import load_card
     from pipelines.core.errors import QevalError
+    from pipelines.core.manifests import finished
     from pipelines.core.procs import stop_process_group
-    from pipelines.core.results import Served, finished
+    from pipelines.core.results import Served
     from pipelines.core.weights import checkpoint_for
     from pipelines.stages.serve import serve
 
@@ -209,7 +210,8 @@ def test_models_checks_the_files_a_card_names(tmp_path):
 
 def test_a_store_that_turns_read_only_mid_stage_says_so(tmp_path, monkeypatch):
     from pipelines.core.errors import QevalError
-    from pipelines.core.results import Quantized, finished
+    from pipelines.core.manifests import finished
+    from pipelines.core.results import Quantized
     from pipelines.core.runner import run_stage
     from pipelines.tracking.mlflow_tracker import MlflowTracker
 

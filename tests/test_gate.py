@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import env_with, last_json_line, qeval, root_env, same_logits
@@ -194,6 +195,14 @@ def test_gate_ships_a_build_and_registers_it(own_root):
     assert same_logits(pulled, gated)
     again = _gate_cli(own_root, "pull", "--model", "ref-small", str(pulled))
     assert again.returncode == 2 and "not an empty folder" in again.stderr
+    checked = _gate_cli(own_root, "verify", "--model", "ref-small", str(pulled))
+    assert checked.returncode == 0 and " files of version " in checked.stdout, checked.stderr[-2000:]
+    # the store's copy changed after the gate: pull refuses it, naming the file
+    stored = Path(version.source.removeprefix("file://")) / "model.safetensors"
+    stored.write_bytes(stored.read_bytes()[:-1] + b"\0")
+    changed = _gate_cli(own_root, "pull", "--model", "ref-small", str(own_root / "elsewhere" / "changed"))
+    assert changed.returncode == 2 and "model.safetensors has changed" in changed.stderr.strip().splitlines()[-1]
+    assert not (own_root / "elsewhere" / "changed").exists()
 
     # a regression gate: every build also against the shipped one, on its records read from MLflow
     against = _gate_cli(own_root, "gate", "--model", "ref-small", "--against", "ship", "--json")

@@ -13,7 +13,8 @@ from mlflow.tracking import MlflowClient
 
 from pipelines.core.cards import load_card
 from pipelines.core.errors import QevalError
-from pipelines.core.results import Quantized, finished
+from pipelines.core.manifests import finished
+from pipelines.core.results import Quantized
 from pipelines.stages.quantize import quantize
 from pipelines.tracking.mlflow_tracker import MlflowTracker
 from pipelines.tracking.store import tracking_uri

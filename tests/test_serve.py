@@ -129,6 +129,7 @@ def test_a_server_the_user_runs_is_driven_by_url(own_root, tmp_path):
     with running(cmd, tmp_path / "server.log", 300, "transformers serve") as url:
         record = serve(card, "fp8", MemoryTracker(card.name), url=url)
     assert record.result.engine == "external" and record.result.failed_requests == 0
+    assert card.server.served_accuracy and "served accuracy" in record.result.not_run  # said, not dropped silently
     records = read_csv(record.path / "requests.csv")
     assert len(records) == 6 and all(r.ok for r in records)
     assert not (record.path / "server.log").exists()  # not ours to start, nor to log

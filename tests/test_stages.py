@@ -13,7 +13,8 @@ from pipelines.core import runner
 from pipelines.core.code import code_digest, code_version
 from pipelines.core.errors import QevalError
 from pipelines.core.layout import stage_dir
-from pipelines.core.results import Quantized, Served, Sized, finished
+from pipelines.core.manifests import finished
+from pipelines.core.results import Quantized, Served, Sized
 from pipelines.core.runner import run_stage
 
 

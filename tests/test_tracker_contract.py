@@ -11,7 +11,8 @@ from memory_tracker import MemoryTracker
 from eval.stats import Verdict, compare
 from pipelines.core.cards import Gate
 from pipelines.core.code import code_version
-from pipelines.core.results import Manifest, Quantized
+from pipelines.core.manifests import Manifest
+from pipelines.core.results import Quantized
 from pipelines.core.tracker import ParamsChanged, Tracker
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured
 from pipelines.tracking.readback import ship_card

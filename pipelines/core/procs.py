@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from pipelines.core.errors import QevalError
 from pipelines.core.net import answers
+
+WATCHDOG = Path(__file__).with_name("watchdog.py")
 
 
 def free_port() -> int:
@@ -54,10 +57,12 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log_path: Pat
 def running(cmd: list[str], log_path: Path, timeout: float, what: str, env: dict | None = None) -> Iterator[str]:
     """Start a server on a free loopback port (`{port}` in cmd), wait for /health, always stop its group.
 
-    Yields the server's base URL; a server that exits or stays unhealthy is one error naming its log.
+    Yields the server's base URL; a server that exits or stays unhealthy is one error naming its log. The
+    server runs under watchdog.py, which stops its group should this process be killed (SIGKILL included).
     """
     port = free_port()
-    cmd = [c.replace("{port}", str(port)) for c in cmd]
+    # under a watchdog that stops the server's group when this process dies, however it dies
+    cmd = [sys.executable, str(WATCHDOG), str(os.getpid()), "--", *(c.replace("{port}", str(port)) for c in cmd)]
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
@@ -67,4 +72,8 @@ def running(cmd: list[str], log_path: Path, timeout: float, what: str, env: dict
         wait_healthy(url, proc, timeout, log_path, what)
         yield url
     finally:
+        if proc.poll() is None:  # what the server writes from here on is its shutdown, not a fault
+            with log_path.open("a") as log:
+                log.write(f"\n---- qeval stops {what} now (SIGTERM); what follows is its shutdown: a traceback such as "
+                          f"vLLM's EngineDeadError below is how it ends, not a failure ----\n")  # fmt: skip
         stop_process_group(proc)

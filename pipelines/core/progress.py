@@ -16,9 +16,23 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from pipelines.core.errors import QevalError
+
 log = logging.getLogger(__name__)
 
-EVERY_S = float(os.environ.get("QEVAL_PROGRESS_S") or 30)  # seconds between progress lines
+
+def every_s() -> float:
+    """Seconds between progress lines: $QEVAL_PROGRESS_S, else 30; QevalError for anything but a number > 0."""
+    text = os.environ.get("QEVAL_PROGRESS_S") or "30"
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise QevalError(f"QEVAL_PROGRESS_S={text[:40]!r} is not a number of seconds > 0; unset it for 30")
+    return value
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _state = {"step": ""}
 _taken: dict[tuple[str, str], list[float]] = {}  # (model, stage) -> seconds of the builds done in this process
@@ -70,14 +84,15 @@ def line(label: str, elapsed: float, expected: float | None, doing: str) -> str:
 
 
 @contextmanager
-def heartbeat(label: str, expected: float | None, every_s: float = EVERY_S) -> Iterator[None]:
-    """Log a progress line every `every_s` seconds while the block runs."""
+def heartbeat(label: str, expected: float | None, every: float | None = None) -> Iterator[None]:
+    """Log a progress line every `every` seconds (default every_s()) while the block runs."""
+    period = every or every_s()
     stop = threading.Event()
     t0 = time.monotonic()
     _state["step"] = ""
 
     def beat() -> None:
-        while not stop.wait(every_s):
+        while not stop.wait(period):
             log.info("%s", line(label, time.monotonic() - t0, expected, _state["step"]))
 
     thread = threading.Thread(target=beat, name="qeval-progress", daemon=True)

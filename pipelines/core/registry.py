@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from pipelines.core.errors import QevalError
-from pipelines.core.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult, finished
+from pipelines.core.manifests import finished
+from pipelines.core.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
 from quant.registry import lookup
 
 if TYPE_CHECKING:

@@ -1,19 +1,17 @@
-"""The typed results the stages leave, and the manifest that holds each one beside the stage's files.
+"""The typed results the stages leave (the manifest that holds each one: pipelines/core/manifests.py).
 
-The stages hand each other these types, never MLflow names or each other's files: a stage reads another's
-result with finished() here or require() (pipelines/core/registry.py), and a build's weights with
-checkpoint_for() (pipelines/core/weights.py). How each field reaches MLflow is pipelines/tracking/'s
-business; where each file lies is pipelines/core/layout.py's.
+The stages hand each other these types, never MLflow names or each other's files: a stage reads
+another's result with finished() (pipelines/core/manifests.py) or require() (pipelines/core/registry.py),
+and a build's weights with checkpoint_for() (pipelines/core/weights.py). How each field reaches MLflow
+is pipelines/tracking/'s business; where each file lies is pipelines/core/layout.py's.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from eval.accuracy import AccuracyConfig, AccuracyResult
 from eval.engine import EngineConfig, EngineResult, PointResult
@@ -22,8 +20,8 @@ from eval.paired import PREFERRED_METRICS
 from eval.serving import LevelMetrics
 from eval.sizing import Assumptions, Fit
 from pipelines.core.cards import Slo
-from pipelines.core.files import atomic_write
-from pipelines.core.layout import MANIFEST, stage_dir
+from pipelines.core.integrity import differences
+from pipelines.core.layout import CHECKPOINT_DIR
 from quant.build import QuantizeConfig, QuantizeResult
 from quant.execution import Execution
 from quant.verify import VerifyConfig, VerifyResult
@@ -47,6 +45,10 @@ class StageResult(Record):
         """One line for people: the stage's main figures."""
         raise NotImplementedError
 
+    def altered(self, folder: Path) -> str | None:
+        """What in the finished stage's `folder` is not as the stage left it (None: nothing, or not kept)."""
+        return None
+
 
 class Quantized(StageResult):
     """A build's checkpoint: built and proven by llm-compressor, or the baseline's own weights."""
@@ -62,6 +64,18 @@ class Quantized(StageResult):
     build: QuantizeResult | None = None
     verify: VerifyConfig | None = Field(None, description="how the build was checked against the baseline")
     proof: VerifyResult | None = Field(None, description="format check and logits against the baseline")
+    files: dict[str, str] | None = Field(
+        None, description="the checkpoint's files, relative name -> sha256, as built (None: made before they were kept)"
+    )
+
+    def altered(self, folder: Path) -> str | None:
+        """The first checkpoint file that is missing, changed or added since the build (the baseline's weights
+        are checked by their digest in every stage's inputs instead)."""
+        if self.config is None or self.files is None:
+            return None
+        found = differences(folder / CHECKPOINT_DIR, self.files)
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        return f"{folder / CHECKPOINT_DIR}/{found[0]}{more}" if found else None
 
     def headline(self) -> str:
         size = f"weights {self.checkpoint_bytes / 1e6:.2f} MB"
@@ -230,6 +244,7 @@ class Served(StageResult):
     generator_ceiling: GeneratorCeiling
     generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
     accuracy: ServedAccuracy | None = Field(None, description="the tasks run against this server")
+    not_run: str | None = Field(None, description="what the card asked for that this server could not do, and why")
 
     @property
     def kernel_names(self) -> str:
@@ -242,7 +257,9 @@ class Served(StageResult):
         if self.accuracy is not None:
             found = self.accuracy.findings
             served = "; served accuracy " + (f"differs on {', '.join(found)}" if found else "matches offline")
-        return f"{engine}: {self.max_users_at_slo} users at the SLO; {levels}; {self.failed_requests} failed{served}"
+        missed = f"; NOT RUN: {self.not_run}" if self.not_run else ""
+        return (f"{engine}: {self.max_users_at_slo} users at the SLO; {levels}; {self.failed_requests} failed"
+                f"{served}{missed}")  # fmt: skip
 
 
 class Probe(Record):
@@ -345,69 +362,3 @@ class Sized(StageResult):
 
     def headline(self) -> str:
         return ", ".join(f"{f.gpu}: {'fits' if f.fits else 'does not fit'}" for f in self.fits)
-
-
-R = TypeVar("R", bound=StageResult)
-
-
-class CodeVersion(Record):
-    commit: str = Field(description="git commit of qeval's code, or 'unknown' outside a git checkout")
-    dirty: bool | None = Field(description="uncommitted changes to tracked files (None: unknown)")
-
-
-class Manifest(Record, Generic[R]):
-    """How a stage ran, and its result: manifest.json in the stage's folder."""
-
-    model: str
-    precision: str
-    stage: str
-    status: Literal["done"] = "done"
-    inputs: dict[str, Any] = Field(description="what the cache key is made of")
-    inputs_digest: str
-    started: str
-    seconds: float
-    versions: dict[str, str]
-    code: CodeVersion
-    result: R
-
-
-@dataclass(frozen=True)
-class StageRecord(Generic[R]):
-    """A stage of one build, done now or found done earlier."""
-
-    model: str
-    precision: str
-    stage: str
-    status: str  # "done" (ran now) or "skipped" (inputs unchanged)
-    seconds: float
-    digest: str
-    run_id: str
-    path: Path
-    result: R
-
-    def as_json(self) -> dict[str, Any]:
-        plain = {f: getattr(self, f) for f in ("model", "precision", "stage", "status", "seconds", "digest", "run_id")}
-        return {**plain, "path": str(self.path), "result": json.loads(self.result.model_dump_json())}
-
-
-def read_manifest(folder: Path, kind: type[R]) -> Manifest[R] | None:
-    """The finished stage in `folder`, or None (nothing there, or left by other code)."""
-    try:
-        return Manifest[kind].model_validate_json((folder / MANIFEST).read_text())
-    except (OSError, ValueError, ValidationError):
-        return None
-
-
-def write_manifest(folder: Path, manifest: Manifest) -> None:
-    atomic_write(folder / MANIFEST, manifest.model_dump_json(indent=2) + "\n")
-
-
-def finished(model: str, precision: str, kind: type[R]) -> Manifest[R] | None:
-    """The build's finished stage of this kind, or None."""
-    return read_manifest(stage_dir(model, precision, kind.STAGE), kind)
-
-
-def result_of(model: str, precision: str, kind: type[R]) -> R | None:
-    """The result of the build's finished stage of this kind, or None where it has not run."""
-    done = finished(model, precision, kind)
-    return done.result if done else None

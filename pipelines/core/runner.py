@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pipelines.core import progress
-from pipelines.core.code import code_digest, code_version, library_versions
+from pipelines.core.code import code_digest, code_version, environment, library_versions
 from pipelines.core.errors import QevalError
 from pipelines.core.files import locked, replace_dir
+from pipelines.core.integrity import Tampered
 from pipelines.core.layout import STAGE_LOG, build_dir
+from pipelines.core.manifests import Manifest, StageRecord, read_manifest, write_manifest
 from pipelines.core.registry import STAGES, spec_of
-from pipelines.core.results import Manifest, StageRecord, StageResult, read_manifest, write_manifest
+from pipelines.core.results import StageResult
 from pipelines.core.tracker import ParamsChanged, Tracker
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,7 @@ def run_stage(
 ) -> StageRecord[R]:
     """Run `work(folder)` for one build's stage unless an identical run is already done."""
     model, stage = tracker.model, kind.STAGE
+    inputs = {**inputs, "environment": environment()}
     digest = inputs_digest(inputs, code_digest(spec_of(kind).module))
     final = build_dir(model, precision) / stage
     with locked(final.parent / ".lock", "artifacts"):  # one stage at a time per build
@@ -117,6 +120,11 @@ def run_stage(
             shutil.rmtree(stale, ignore_errors=True)
         done = read_manifest(final, kind)
         if not force and done is not None and done.inputs_digest == digest:
+            if altered := done.result.altered(final):
+                raise Tampered(
+                    f"{model}@{precision} {stage}: {altered}, since the stage finished; not used: rebuild it with "
+                    f"qeval {spec_of(kind).command} --model {model} --precision {precision} --force"
+                )
             run_id = tracker.build_run(precision)
             if tracker.logged_digest(run_id, stage) != digest:  # e.g. a fresh MLflow store
                 run_id = _log_to_run(tracker, done, final)
@@ -153,6 +161,7 @@ def run_stage(
             versions=library_versions(),
             code=code_version(),
             result=result,
+            files=[p.name for p in _files(partial)],
         )
         write_manifest(partial, manifest)
         try:

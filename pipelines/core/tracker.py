@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pipelines.core.results import Manifest
+from pipelines.core.manifests import Manifest
 from pipelines.core.verdicts import Decision
 
 
@@ -62,22 +62,23 @@ class Tracker(Protocol):
         ...
 
     def shipped(self) -> dict[str, str] | None:
-        """The registry version behind alias `ship` (version, run_id, source, precision, description); None
-        when nothing ships."""
+        """The registry version behind alias `ship` (version, run_id, source, precision, description, files: the
+        digest of its checkpoint's file list, "" where none was recorded); None when nothing ships."""
         ...
 
     def download_version(self, alias: str, dst: Path) -> dict[str, str]:
-        """The files of the registry version behind `alias` under `dst`, and what it is."""
+        """The files of the registry version behind `alias` under `dst`, and what it is (as shipped() says)."""
         ...
 
     def log_verdicts(self, decision: Decision) -> None:
         """The gate's verdict on every build, the baseline's too, on their runs."""
         ...
 
-    def register_ship(self, run_id: str, source: str, why: str, card: str = "") -> dict[str, str]:
+    def register_ship(self, run_id: str, source: str, why: str, card: str = "", files: str = "") -> dict[str, str]:
         """Register the chosen build (its checkpoint at `source`) and point alias `ship` at it; its ship card
         (Markdown, pipelines/present/shipcard.py) becomes the version's description and the run's
-        `ship/README.md` (without one, the description is `why`)."""
+        `ship/README.md` (without one, the description is `why`); `files`, the digest of the checkpoint's file
+        list (pipelines/core/integrity.py), is kept on the version for `qeval pull` to check against."""
         ...
 
     def clear_ship(self) -> None:

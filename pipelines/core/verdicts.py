@@ -18,7 +18,8 @@ from pipelines.core.cards import Gate
 from pipelines.core.errors import QevalError
 from pipelines.core.files import atomic_write
 from pipelines.core.layout import gate_file
-from pipelines.core.results import CodeVersion, Record
+from pipelines.core.manifests import CodeVersion
+from pipelines.core.results import Record
 from quant.execution import Execution
 
 

@@ -5,17 +5,22 @@ quantized build's checkpoint; what identifies them in cache keys; and the files 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 from eval.sizing import Shape
-from pipelines.core.cards import ModelCard, card_names, load_card
+from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
+from pipelines.core.integrity import Tampered, check_safetensors
 from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
+from pipelines.core.manifests import finished
 from pipelines.core.net import Unreachable, probe
 from pipelines.core.paths import resolve_repo_path
-from pipelines.core.results import Quantized, finished
+from pipelines.core.results import Quantized
+
+log = logging.getLogger(__name__)
 
 HUB_TIMEOUT_S = 10.0  # the hub must answer a revision lookup within this
 # safetensors only: a *.bin pickle can run code when loaded.
@@ -71,8 +76,15 @@ def _check_hub(card: ModelCard, unavailable: str) -> None:
 
 
 def require_safetensors(card: ModelCard, folder: Path) -> str:
-    """The folder, if its weights are safetensors; a pickle (`*.bin`, `*.pt`) can run code when loaded."""
-    if any(folder.glob("*.safetensors")):
+    """The folder, if its weights are whole safetensors files; a pickle (`*.bin`, `*.pt`) can run code when
+    loaded, and a truncated file or one that never ends (a FIFO, /dev/zero) is refused before it is read."""
+    if weights := sorted(folder.glob("*.safetensors")):
+        for path in weights:
+            try:
+                check_safetensors(path)
+            except QevalError as e:
+                raise QevalError(f"model '{card.name}': {e}") from None
+        _warn_custom_code(card, folder)
         return str(folder)
     pickles = sorted(p.name for p in (*folder.glob("*.bin"), *folder.glob("*.pt"), *folder.glob("*.pth")))
     found = f" (it has {', '.join(pickles[:3])})" if pickles else ""
@@ -81,6 +93,20 @@ def require_safetensors(card: ModelCard, folder: Path) -> str:
         f"as a pickle can run code when loaded: convert them (from_pretrained, then save_pretrained with "
         f"safe_serialization=True) where you trust the file, and point the card at the result"
     )
+
+
+def _warn_custom_code(card: ModelCard, folder: Path) -> None:
+    """One line where the model ships code of its own that the card does not trust: it is not run, and its
+    builds leave it out (quant/build.py's drop_remote_code)."""
+    try:
+        names_code = "auto_map" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return
+    code = sorted(p.name for p in folder.glob("*.py"))
+    if (names_code or code) and not card.source.trust_remote_code:
+        shown = f" ({', '.join(code[:3])})" if code else ""
+        log.warning("model '%s': its checkpoint names code of its own%s, which qeval neither runs nor copies into "
+                    "builds (source.trust_remote_code is off)", card.name, shown)  # fmt: skip
 
 
 def missing_files(card: ModelCard) -> list[str]:
@@ -153,21 +179,9 @@ def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
             f"{card.name}@{precision} has no quantized checkpoint at {folder}; "
             f"build it first: qeval quantize --model {card.name} --precision {precision}"
         )
+    if altered := built.result.altered(folder.parent):
+        raise Tampered(
+            f"{card.name}@{precision}: {altered}, since it was built and checked; not used: rebuild it with "
+            f"qeval quantize --model {card.name} --precision {precision} --force"
+        )
     return str(folder), built.inputs_digest
-
-
-def survey() -> tuple[list[dict], list[str]]:
-    """Every card: the valid ones (name, source, precisions, tasks), and a line per problem of the others."""
-    listed, problems = [], []
-    for name in card_names():
-        try:
-            card = load_card(name)
-        except QevalError as e:
-            problems.append(str(e))
-            continue
-        if missing := missing_files(card):
-            problems.extend(missing)
-            continue
-        src = card.source.location
-        listed.append({"name": name, "source": src, "precisions": card.precisions, "tasks": card.accuracy.tasks})
-    return listed, problems

@@ -28,7 +28,9 @@ from eval.stats import Comparison
 from pipelines.core.cards import ModelCard
 from pipelines.core.code import code_version
 from pipelines.core.errors import QevalError
-from pipelines.core.layout import CHECKPOINT_DIR
+from pipelines.core.integrity import hashes_digest
+from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
+from pipelines.core.manifests import finished
 from pipelines.core.results import Evaluated, Quantized
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured, write_decision
@@ -128,11 +130,23 @@ def checkpoint_source(card: ModelCard, tracker: Tracker, precision: str, run_id:
     return tracker.artifact_uri(run_id, where)
 
 
+def _check_local_checkpoints(card: ModelCard) -> None:
+    """Every quantized checkpoint this machine holds is the one its quantize stage built and checked (a
+    Tampered error otherwise): the gate judges those bytes, and registers them."""
+    for precision in card.precisions:
+        if (
+            precision != card.gate.baseline
+            and (stage_dir(card.name, precision, Quantized.STAGE) / CHECKPOINT_DIR).is_dir()
+        ):
+            checkpoint_for(card, precision)
+
+
 def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> Decision:
     """Decide, then record the decision: gate.json, MLflow tags, and the registry alias `ship`.
 
     `against="ship"`: a regression gate, every build also compared with the build that ships now."""
     fetch_builds(card, tracker)
+    _check_local_checkpoints(card)
     shipped, info = _shipped(card, tracker) if against == SHIP else (None, {})
     decision = decide(card, shipped, info)
     for b in decision.builds:
@@ -143,7 +157,9 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
     if decision.chosen:
         run_id = tracker.build_run(decision.chosen)
         source = checkpoint_source(card, tracker, decision.chosen, run_id)
-        registered = tracker.register_ship(run_id, source, decision.why, ship_card(card, decision) or "")
+        built = finished(card.name, decision.chosen, Quantized)
+        files = hashes_digest(built.result.files) if built and built.result.files else ""
+        registered = tracker.register_ship(run_id, source, decision.why, ship_card(card, decision) or "", files)
         decision = decision.model_copy(update={"registered": registered})
         log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)
     elif shipped:  # a regression gate that nothing passed: what is deployed stays deployed

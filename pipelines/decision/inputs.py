@@ -13,8 +13,9 @@ from eval.stats import Comparison
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.layout import stage_dir
+from pipelines.core.manifests import result_of
 from pipelines.core.registry import require
-from pipelines.core.results import Benched, Evaluated, Served, Sized, result_of
+from pipelines.core.results import Benched, Evaluated, Served, Sized
 from pipelines.core.verdicts import Measured
 from pipelines.present import capacity
 

@@ -18,7 +18,8 @@ from eval.serving import LevelMetrics, speedups
 from eval.sizing import Shape
 from pipelines.core.cards import ModelCard, Scenario, Slo
 from pipelines.core.errors import QevalError
-from pipelines.core.results import AtShape, Served, Sized, result_of
+from pipelines.core.manifests import result_of
+from pipelines.core.results import AtShape, Served, Sized
 from pipelines.core.traffic import CPU
 from pipelines.core.verdicts import CostFigure, Decision
 from pipelines.core.weights import architecture

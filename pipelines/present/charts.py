@@ -15,7 +15,8 @@ from matplotlib.lines import Line2D
 from eval.serving import speedups
 from eval.stats import Verdict
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import Benched, ScenarioSweep, Served, result_of
+from pipelines.core.manifests import result_of
+from pipelines.core.results import Benched, ScenarioSweep, Served
 from pipelines.core.verdicts import Decision, Measured
 from pipelines.present import formats
 

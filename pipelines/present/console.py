@@ -9,7 +9,7 @@ from rich.table import Table
 from eval.sizing import Assumptions, Fit
 from eval.stats import Verdict
 from pipelines.core import progress
-from pipelines.core.results import StageRecord
+from pipelines.core.manifests import StageRecord
 from pipelines.core.verdicts import Decision
 from pipelines.present.tables import fit_cells
 

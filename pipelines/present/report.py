@@ -15,8 +15,9 @@ from pathlib import Path
 
 from pipelines.core.cards import ModelCard
 from pipelines.core.files import atomic_write
+from pipelines.core.manifests import result_of
 from pipelines.core.paths import reports_dir
-from pipelines.core.results import Benched, Served, result_of
+from pipelines.core.results import Benched, Served
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
 from pipelines.present import capacity, charts, formats, shapes, shipcard

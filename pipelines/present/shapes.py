@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from eval.serving import speedups
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import AtShape, ScenarioSweep, Sized, result_of
+from pipelines.core.manifests import result_of
+from pipelines.core.results import AtShape, ScenarioSweep, Sized
 from pipelines.present import formats
 from pipelines.present.tables import fits_section
 

@@ -10,7 +10,8 @@ README.md next to the weights.
 from __future__ import annotations
 
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import AtShape, Quantized, Served, finished, result_of
+from pipelines.core.manifests import finished, result_of
+from pipelines.core.results import AtShape, Quantized, Served
 from pipelines.core.verdicts import BuildVerdict, Decision
 from pipelines.present import capacity, formats
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from eval.sizing import Fit
 from eval.stats import Verdict
 from pipelines.core.cards import ModelCard
-from pipelines.core.results import Served, Sized, result_of
+from pipelines.core.manifests import result_of
+from pipelines.core.results import Served, Sized
 from pipelines.core.verdicts import Decision
 from pipelines.present import formats
 

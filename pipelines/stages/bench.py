@@ -15,13 +15,16 @@ import eval.engine as engine
 import eval.speed as speed
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
+from pipelines.core.demands import check_bench
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.layout import STAGE_LOG
-from pipelines.core.results import Benched, Speedup, StageRecord, finished
+from pipelines.core.manifests import StageRecord, finished
+from pipelines.core.results import Benched, Speedup
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import architecture_config, checkpoint_for, offline_env
+from pipelines.stages.engines import cuda_available
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,8 @@ def bench(
     With `no_weights`, the baseline's architecture is built with random weights (speed and memory
     only, nothing downloaded): from `source.config`, else from the local checkpoint's config.json.
     """
+    # the grid against the model's lengths and this machine, before anything starts
+    check_bench(card, in_host_memory=not cuda_available())
     checkpoint, checkpoint_id = _shape(card, precision) if no_weights else checkpoint_for(card, precision)
     s = card.speed
     cfg = engine.EngineConfig(

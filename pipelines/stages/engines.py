@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from pipelines.core.errors import QevalError
 from pipelines.core.paths import REPO_ROOT
 from pipelines.core.results import LinearKernel, VllmSettings
 from quant.execution import DEQUANTIZED, Device, Execution, combined, execution
@@ -50,18 +51,27 @@ _PROBE = (
 @cache
 def find_vllm() -> Vllm | None:
     """The vLLM to serve with: $QEVAL_VLLM_PYTHON, else .venv-vllm, else this environment's; None if none."""
-    candidates = [os.environ.get("QEVAL_VLLM_PYTHON"), str(ENGINE_VENV / "bin" / "python"), sys.executable]
-    for python in filter(None, candidates):
-        if not Path(python).exists():
-            continue
-        try:
-            out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True)
-            found = json.loads(out.stdout.strip().splitlines()[-1])
-        except (subprocess.SubprocessError, OSError, ValueError, IndexError):
-            continue
-        if found:
-            return Vllm(python=python, distribution=found["dist"], version=found["version"])
+    if chosen := os.environ.get("QEVAL_VLLM_PYTHON"):  # said explicitly: it works, or it is an error
+        if (found := _probe(chosen)) is None:
+            raise QevalError(f"QEVAL_VLLM_PYTHON={chosen} is not a Python with vLLM installed (it is missing, does "
+                             f"not run, or lacks vllm); fix it, or unset it to use {ENGINE_VENV}")  # fmt: skip
+        return found
+    for python in (str(ENGINE_VENV / "bin" / "python"), sys.executable):
+        if found := _probe(python):
+            return found
     return None
+
+
+def _probe(python: str) -> Vllm | None:
+    """The vLLM `python` can import, or None."""
+    if not Path(python).exists():
+        return None
+    try:
+        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True)
+        found = json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+        return None
+    return Vllm(python=python, distribution=found["dist"], version=found["version"]) if found else None
 
 
 def cuda_available() -> bool:

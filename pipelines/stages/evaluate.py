@@ -9,11 +9,13 @@ import eval.accuracy as accuracy
 from eval.compare import recoveries
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
+from pipelines.core.demands import check_tasks
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.layout import STAGE_LOG
+from pipelines.core.manifests import Manifest, StageRecord, finished
 from pipelines.core.paths import REPO_ROOT, resolve_repo_path
-from pipelines.core.results import Evaluated, Manifest, StageRecord, evaluation_settings, finished
+from pipelines.core.results import Evaluated, evaluation_settings
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env
@@ -25,6 +27,7 @@ def evaluate(
     card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, limit: int | None = None
 ) -> StageRecord[Evaluated]:
     """Run the card's lm-eval tasks on one build and log them to its MLflow run."""
+    check_tasks(card)  # every task YAML readable and every task defined, before a model loads
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
     cfg = _config(card, checkpoint, limit)
     include = Path(cfg.include_path) if cfg.include_path else None

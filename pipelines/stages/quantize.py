@@ -14,9 +14,11 @@ import quant.verify as verify
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
 from pipelines.core.files import file_digest
+from pipelines.core.integrity import file_hashes
 from pipelines.core.layout import CHECKPOINT_DIR, STAGE_LOG, stage_dir
+from pipelines.core.manifests import StageRecord
 from pipelines.core.paths import resolve_repo_path
-from pipelines.core.results import Quantized, StageRecord
+from pipelines.core.results import Quantized
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import offline_env, resolve_weights, weights_identity
@@ -76,6 +78,7 @@ def _baseline(card: ModelCard, base: str, scheme: str) -> Quantized:
         checkpoint_bytes=build_mod.weight_bytes(Path(base)),
         scheme=scheme,
         source=card.source.location,
+        files=file_hashes(Path(base)),
     )
 
 
@@ -99,4 +102,5 @@ def _build(
         build=made,
         verify=check.model_copy(update={"checkpoint": str(final)}),
         proof=proof,
+        files=file_hashes(checkpoint),  # what every later reader checks the checkpoint against
     )

@@ -20,10 +20,12 @@ import eval.serving as serving
 from eval.accuracy import AccuracyConfig
 from eval.gpus import get_gpu, gpu_for_device
 from pipelines.core.cards import ModelCard
+from pipelines.core.demands import check_sweep
 from pipelines.core.errors import QevalError
+from pipelines.core.manifests import StageRecord, result_of
 from pipelines.core.net import json_or
 from pipelines.core.procs import running
-from pipelines.core.results import Served, ServedAccuracy, Sized, StageRecord, VllmSettings, result_of
+from pipelines.core.results import Served, ServedAccuracy, Sized, VllmSettings
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env
@@ -92,6 +94,7 @@ def serve(
     card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False, url: str | None = None
 ) -> StageRecord[Served]:
     """Sweep one build's server over the card's concurrency levels (and score it, where asked) and log it."""
+    check_sweep(card)  # the grid against the model's lengths and this machine, before anything starts
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
     srv, s = card.server, card.speed
     name = s.main_scenario[0]
@@ -139,7 +142,8 @@ def serve(
         else:
             launch = _transformers(card, checkpoint, load, device), {}
         served = _sweep(card, precision, checkpoint, engine, device, settings, load, url, launch, scored, out)
-        served = served.model_copy(update={"engine_version": version})
+        missed = served_accuracy.not_run(engine) if card.server.served_accuracy and scored is None else None
+        served = served.model_copy(update={"engine_version": version, "not_run": missed})
         if served.accuracy is not None and offline is not None:
             scored_now = served_accuracy.against_offline(card, precision, served.accuracy, offline, out)
             served = served.model_copy(update={"accuracy": scored_now})

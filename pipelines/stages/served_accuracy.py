@@ -18,7 +18,8 @@ from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
 from pipelines.core.errors import QevalError
 from pipelines.core.layout import STAGE_LOG, stage_dir
-from pipelines.core.results import Evaluated, Manifest, ServedAccuracy, ServedVsOffline, finished
+from pipelines.core.manifests import Manifest, finished
+from pipelines.core.results import Evaluated, ServedAccuracy, ServedVsOffline
 from pipelines.core.weights import offline_env
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,11 @@ def model_positions(checkpoint: str) -> int | None:
     return cfg.get("max_position_embeddings") or cfg.get("n_positions")
 
 
+def not_run(engine: str) -> str:
+    return (f"served accuracy (server.served_accuracy in the card): it needs vLLM's prompt log-probabilities, "
+            f"and {engine} served")  # fmt: skip
+
+
 def plan(
     card: ModelCard, precision: str, checkpoint: str, engine: str
 ) -> tuple[accuracy.AccuracyConfig | None, Manifest[Evaluated] | None]:
@@ -44,8 +50,7 @@ def plan(
     if not card.server.served_accuracy:
         return None, None
     if engine != "vllm":
-        log.warning("%s@%s: served accuracy needs vLLM's prompt log-probabilities; not run on %s",
-                    card.name, precision, engine)  # fmt: skip
+        log.warning("%s@%s: %s", card.name, precision, not_run(engine))
         return None, None
     offline = finished(card.name, precision, Evaluated)
     if offline is None:

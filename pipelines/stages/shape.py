@@ -29,11 +29,13 @@ from eval.engine import measure_copy_bandwidth
 from eval.gpus import peak_bandwidth
 from eval.speed import decode_step_bytes, mid_generation_context
 from pipelines.core.cards import ModelCard, Slo
+from pipelines.core.demands import check_sweep
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
+from pipelines.core.manifests import StageRecord
 from pipelines.core.paths import resolve_repo_path, shown_path
 from pipelines.core.procs import running
-from pipelines.core.results import AtShape, DecodeCeiling, Probe, ScenarioSweep, StageRecord, VllmSettings
+from pipelines.core.results import AtShape, DecodeCeiling, Probe, ScenarioSweep, VllmSettings
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import architecture_config
@@ -121,6 +123,7 @@ def probe_verdict(record: serving.RequestRecord, slo: serving.Slo) -> Probe:
 def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = False) -> StageRecord[AtShape]:
     """Sweep one precision's shape build on vLLM with random weights, and log it."""
     card.require_precision(precision)
+    check_sweep(card)
     config = architecture_config(card, "the shape stage (speed at the model's shape)")
     arch = json.loads(config.read_text())
     vllm = engines.find_vllm()

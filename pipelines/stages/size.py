@@ -24,7 +24,8 @@ from pipelines.core import weights
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
-from pipelines.core.results import AtShape, BenchCheck, Benched, Quantized, Sized, StageRecord, finished, result_of
+from pipelines.core.manifests import StageRecord, finished, result_of
+from pipelines.core.results import AtShape, BenchCheck, Benched, Quantized, Sized
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eval.stats import Verdict
-from pipelines.core.results import AtShape, Benched, CodeVersion, Evaluated, Quantized, Served, Sized, StageResult
+from pipelines.core.manifests import CodeVersion
+from pipelines.core.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured
 from pipelines.present import formats
 from pipelines.tracking.names import (
@@ -32,6 +33,7 @@ from pipelines.tracking.names import (
     TAG_DIGESTS,
     TAG_DIRTY,
     TAG_MODEL,
+    TAG_NOT_RUN,
     TAG_PRECISION,
     TAG_REASONS,
     TAG_RUN_COLOUR,
@@ -80,6 +82,7 @@ class Logged:
     """Metrics over a step (batch size, concurrency): name -> [(step, value), ...]."""
     params: dict[str, str] = field(default_factory=dict)
     datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 def _text(value: Any) -> str:
@@ -150,7 +153,10 @@ def logged(result: StageResult) -> Logged:
             }
             params = _settings(result.load, LOAD_SETTINGS) | _settings(result.vllm, VLLM_SETTINGS)
             return Logged(
-                _numbers(SERVE_METRICS, result) | _served(result), series, params | _params(SERVE_PARAMS, result)
+                _numbers(SERVE_METRICS, result) | _served(result),
+                series,
+                params | _params(SERVE_PARAMS, result),
+                tags={TAG_NOT_RUN.format(stage=Served.STAGE): result.not_run[:MAX_TAG]} if result.not_run else {},
             )
         case Sized():
             metrics = _numbers(SIZE_METRICS, result)

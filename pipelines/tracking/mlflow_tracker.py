@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipelines.core.errors import QevalError
 from pipelines.core.files import locked
-from pipelines.core.results import Manifest
+from pipelines.core.manifests import Manifest
 from pipelines.core.tracker import ParamsChanged
 from pipelines.core.verdicts import Decision
 from pipelines.tracking.mapping import (
@@ -43,6 +43,7 @@ from pipelines.tracking.names import (
     SHIP_CARD,
     TAG_CHOSEN,
     TAG_DIGESTS,
+    TAG_FILES,
     TAG_KIND,
     TAG_MODEL,
     TAG_PRECISION,
@@ -106,6 +107,22 @@ def _store_lock(uri: str) -> Iterator[None]:
         yield
 
 
+def _check_artifact_root(uri: str, location: str) -> None:
+    """A SQLite store keeps its artifacts' absolute place; a copied work folder's store still names the
+    original's, and writing through it would change the original. Refused in one line with the fix."""
+    db = sqlite_path(uri)
+    place = location.removeprefix("file://") if location else ""
+    if db is None or not place.startswith("/"):
+        return
+    root = db.parent.resolve()
+    if not Path(place).resolve().is_relative_to(root):
+        raise QevalError(
+            f"the MLflow store {db} keeps its artifacts in {Path(place).parent}, outside {root}: it was copied from "
+            f"another work folder, and writing through it would change that one; use the original folder, or move "
+            f"{root} aside here to start a fresh store (finished stages are logged to it again)"
+        )
+
+
 class MlflowTracker:
     """A handle on the MLflow store for one model's experiment (the tracker protocol, pipelines/core/tracker.py)."""
 
@@ -127,6 +144,8 @@ class MlflowTracker:
 
                 self.client = MlflowClient(tracking_uri=self.uri)
                 self.experiment_id = self._experiment()
+        except QevalError:
+            raise
         except Exception as e:  # any failure here means the store cannot be used
             msg = scrub(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
             raise QevalError(
@@ -139,6 +158,7 @@ class MlflowTracker:
         view = json.dumps(runs_view(), sort_keys=True)
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
+            _check_artifact_root(self.uri, exp.artifact_location)
             if exp.tags.get(TAG_VIEW) != view:  # a store made by an earlier qeval gets this one's view
                 self.client.set_experiment_tag(exp.experiment_id, TAG_VIEW, view)
             return exp.experiment_id
@@ -220,7 +240,7 @@ class MlflowTracker:
             return None
         precision = self.client.get_run(v.run_id).data.tags.get(TAG_PRECISION, "") if v.run_id else ""
         return {"version": str(v.version), "run_id": v.run_id or "", "source": v.source, "precision": precision,
-                "description": v.description or ""}  # fmt: skip
+                "description": v.description or "", "files": v.tags.get(TAG_FILES, "")}  # fmt: skip
 
     def download_version(self, alias: str, dst: Path) -> dict[str, str]:
         """The files of the registry version behind `alias`, under the folder `dst`."""
@@ -237,7 +257,8 @@ class MlflowTracker:
         mlflow.artifacts.download_artifacts(artifact_uri=v.source, dst_path=str(dst), tracking_uri=self.uri)
         precision = self.client.get_run(v.run_id).data.tags.get(TAG_PRECISION, "") if v.run_id else ""
         return {"name": name, "version": str(v.version), "alias": alias, "run_id": v.run_id or "",
-                "precision": precision, "source": scrub(v.source), "description": v.description or ""}  # fmt: skip
+                "precision": precision, "source": scrub(v.source), "description": v.description or "",
+                "files": v.tags.get(TAG_FILES, "")}  # fmt: skip
 
     def _batch(self, run_id: str, metrics=None, series=None, params=None, tags=None) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -263,13 +284,7 @@ class MlflowTracker:
         try:
             params = {PARAM_PRECISION: manifest.precision, **out.params}
             new_params = {k: v for k, v in params.items() if k not in data.params}
-            self._batch(
-                run_id,
-                out.metrics,
-                out.series,
-                new_params,
-                stage_tags(stage, manifest.inputs_digest, manifest.code, data.tags.get(TAG_DIGESTS)),
-            )
+            self._batch(run_id, out.metrics, out.series, new_params)
             if out.datasets:
                 self.client.log_inputs(
                     run_id,
@@ -291,6 +306,9 @@ class MlflowTracker:
                     self.client.log_artifacts(run_id, str(path), artifact_path=f"{stage}/{path.name}")
                 else:
                     self.client.log_artifact(run_id, str(path), artifact_path=stage)
+            # tagged done only once every file is up: a crash during the upload leaves the stage not done
+            done = stage_tags(stage, manifest.inputs_digest, manifest.code, data.tags.get(TAG_DIGESTS))
+            self._batch(run_id, tags={**out.tags, **done})
             if TAG_STAGE_ERROR.format(stage=stage) in data.tags:
                 self.client.delete_tag(run_id, TAG_STAGE_ERROR.format(stage=stage))
             self.client.set_terminated(run_id, "FINISHED")
@@ -315,7 +333,7 @@ class MlflowTracker:
         for b in decision.builds:
             self._batch(self.build_run(b.precision), verdict_metrics(b), tags=verdict_tags(decision, b))
 
-    def register_ship(self, run_id: str, source: str, why: str, card: str = "") -> dict[str, str]:
+    def register_ship(self, run_id: str, source: str, why: str, card: str = "", files: str = "") -> dict[str, str]:
         """Register the chosen build as a version of `qeval-<model>` and point alias `ship` at it.
 
         A build registered before from the same run and checkpoint keeps its version."""
@@ -334,6 +352,8 @@ class MlflowTracker:
             version = same[0] if same else self.client.create_model_version(name, source, run_id=run_id)
             self.client.set_registered_model_alias(name, SHIP_ALIAS, version.version)
             self.client.update_model_version(name, version.version, description=_description(card, why, run_id))
+            if files:
+                self.client.set_model_version_tag(name, version.version, TAG_FILES, files)
         if card:
             self.client.log_text(run_id, card, SHIP_CARD)
         self.client.set_tag(run_id, TAG_CHOSEN, "true")

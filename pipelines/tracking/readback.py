@@ -17,13 +17,17 @@ from pathlib import Path
 from eval.paired import Scored
 from pipelines.core.cards import ModelCard
 from pipelines.core.errors import QevalError
-from pipelines.core.files import atomic_write, replace_dir, scratch
+from pipelines.core.files import atomic_write, locked, replace_dir, scratch
+from pipelines.core.integrity import Tampered, check_folder, hashes_digest
 from pipelines.core.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
+from pipelines.core.manifests import read_manifest
 from pipelines.core.registry import JUDGED, STAGES
-from pipelines.core.results import Evaluated, read_manifest
+from pipelines.core.results import Evaluated, Quantized
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
-from pipelines.tracking.names import SHIP_CARD
+from pipelines.tracking.names import SHIP_CARD, registered_model_name
+
+README = "README.md"  # the ship card, in a pulled folder
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +38,31 @@ def fetch_stage(tracker: Tracker, run_id: str, precision: str, stage: str, into:
     digest = tracker.logged_digest(run_id, stage)
     if digest is None:
         return False
-    spec = STAGES[stage]
     final = into or stage_dir(tracker.model, precision, stage)
+    with locked(final.parent / ".lock", "artifacts"):  # the build's lock, as a stage holds it (core/runner.py)
+        return _fetch_locked(tracker, run_id, precision, stage, final, digest)
+
+
+def _fetch_locked(tracker: Tracker, run_id: str, precision: str, stage: str, final: Path, digest: str) -> bool:
+    spec = STAGES[stage]
     here = read_manifest(final, spec.result)
     if here is not None and here.inputs_digest == digest:
         return True
     with scratch(final, "fetch") as folder:
-        got = tracker.download(run_id, stage, folder, skip=(CHECKPOINT_DIR,))
+        skipped = (CHECKPOINT_DIR,)  # a checkpoint is pull's to fetch
+        got = tracker.download(run_id, stage, folder, skip=skipped)
         fetched = read_manifest(got, spec.result) if got else None
         if got is None or fetched is None or fetched.inputs_digest != digest:
             raise QevalError(
                 f"{tracker.model}@{precision} {stage}: the MLflow run {run_id} is tagged done but its "
                 f"{stage}/manifest.json is {'missing' if fetched is None else 'of another run of the stage'}; "
                 f"rerun: qeval {spec.command} --model {tracker.model} --precision {precision} --force"
+            )
+        if lost := [f for f in fetched.files if f not in skipped and not (got / f).exists()]:
+            raise QevalError(
+                f"{tracker.model}@{precision} {stage}: the MLflow run {run_id} is tagged done but lacks "
+                f"{', '.join(lost[:3])} of its manifest's files (an upload cut short?); rerun: "
+                f"qeval {spec.command} --model {tracker.model} --precision {precision} --force"
             )
         replace_dir(got, final)  # as a finished stage replaces the previous one
     log.info("%s@%s %s: read from the tracking store (run %s)", tracker.model, precision, stage, run_id)
@@ -111,23 +127,64 @@ def ship_card(tracker: Tracker, run_id: str) -> str | None:
         return card.read_text() if card and card.is_file() else None
 
 
+def recorded_files(tracker: Tracker, info: dict[str, str]) -> dict[str, str]:
+    """The checkpoint's files as its quantize stage recorded them (name -> sha256), for a registry version
+    (`info` from shipped() or download_version()): read from its run, and checked against the digest the
+    gate kept on the version, so that neither the files nor their record can be changed alone."""
+    what = f"{registered_model_name(tracker.model)} version {info['version']}"
+    with tempfile.TemporaryDirectory(prefix="qeval-files-") as tmp:
+        got = (
+            tracker.download(info["run_id"], Quantized.STAGE, Path(tmp), skip=(CHECKPOINT_DIR,))
+            if info["run_id"]
+            else None
+        )
+        done = read_manifest(got, Quantized) if got else None
+    files = done.result.files if done else None
+    if not files:
+        raise QevalError(f"{what}: its run {info['run_id'] or '(none)'} records no file digests for its checkpoint "
+                         f"(built by an earlier qeval): nothing to verify against; gate it again: "
+                         f"qeval quantize --model {tracker.model} --precision {info['precision']} --force, then "
+                         f"qeval gate --model {tracker.model}")  # fmt: skip
+    if info.get("files") and hashes_digest(files) != info["files"]:
+        raise Tampered(f"{what}: the file digests on run {info['run_id']} are not those the gate registered; "
+                       f"the store was changed after the gate: rebuild and gate again")  # fmt: skip
+    return files
+
+
+def verify(tracker: Tracker, info: dict[str, str], folder: Path) -> int:
+    """Tampered naming the first file of `folder` that is not the registered checkpoint's; the files checked."""
+    files = recorded_files(tracker, info)
+    check_folder(
+        folder, files, f"{registered_model_name(tracker.model)} version {info['version']}",
+        "these are not the bytes the gate judged: delete the folder and pull again, or rebuild and gate again",
+        extra_ok=(README,),
+    )  # fmt: skip
+    return len(files)
+
+
 def pull(tracker: Tracker, alias: str, folder: Path) -> dict:
     """The registry version behind `alias` (its build's checkpoint) into `folder`, whole or not at all, with
-    its ship card as README.md where the gate wrote one."""
+    its ship card as README.md where the gate wrote one; every file checked against what the gate judged
+    before the folder is put in place."""
     folder = folder.resolve()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise QevalError(f"{folder} exists and is not an empty folder; name a new one")
-    with scratch(folder, "pull") as landing:
-        got = tracker.download_version(alias, landing)
-        # MLflow puts a folder source under its own name (checkpoint/); the servable folder holds config.json
-        config = next(iter(sorted(landing.rglob("config.json"), key=lambda p: len(p.parts))), None)
-        if config is None:
-            raise QevalError(f"{got['name']} version {got['version']} has no config.json: not a servable folder")
-        if folder.exists():
-            folder.rmdir()
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        if card := ship_card(tracker, got.get("run_id", "")):
-            atomic_write(config.parent / "README.md", card)
-        config.parent.rename(folder)
+    try:
+        with scratch(folder, "pull") as landing:
+            got = tracker.download_version(alias, landing)
+            # MLflow puts a folder source under its own name (checkpoint/); the servable folder holds config.json
+            config = next(iter(sorted(landing.rglob("config.json"), key=lambda p: len(p.parts))), None)
+            if config is None:
+                raise QevalError(f"{got['name']} version {got['version']} has no config.json: not a servable folder")
+            verified = verify(tracker, got, config.parent)
+            if folder.exists():
+                folder.rmdir()
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            if card := ship_card(tracker, got.get("run_id", "")):
+                atomic_write(config.parent / README, card)
+            config.parent.rename(folder)
+    except OSError as e:  # a read-only or full place: one line, nothing left half-written
+        raise QevalError(f"cannot write the build into {folder}: {e.strerror}; name a writable folder") from None
     files = [f for f in folder.rglob("*") if f.is_file()]
-    return {**got, "folder": str(folder), "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    return {**got, "folder": str(folder), "files": len(files), "verified": verified,
+            "bytes": sum(f.stat().st_size for f in files)}  # fmt: skip
