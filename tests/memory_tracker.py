@@ -8,11 +8,13 @@ holds it and MLflowTracker to the same behaviour.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.core.errors import QevalError
+from pipelines.core.integrity import hashes_digest
 from pipelines.core.manifests import Manifest
 from pipelines.core.tracker import ParamsChanged
 from pipelines.core.verdicts import Decision
@@ -32,6 +34,7 @@ from pipelines.tracking.names import (
     PARAM_PRECISION,
     SHIP_ALIAS,
     SHIP_CARD,
+    SHIP_FILES,
     TAG_CHOSEN,
     TAG_DIGESTS,
     TAG_KIND,
@@ -171,7 +174,9 @@ class MemoryTracker:
             self.run(b.precision).tags |= verdict_tags(decision, b)
             self.run(b.precision).metrics |= verdict_metrics(b)
 
-    def register_ship(self, run_id: str, source: str, why: str, card: str = "", files: str = "") -> dict[str, str]:
+    def register_ship(
+        self, run_id: str, source: str, why: str, card: str = "", files: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
         same = [v for v in self.versions if v["run_id"] == run_id and v["source"] == source]
         if same:
             version = same[0]
@@ -179,7 +184,9 @@ class MemoryTracker:
             version = {"version": str(len(self.versions) + 1), "run_id": run_id, "source": source}
             self.versions.append(version)
         version["description"] = card or f"Chosen by the gate: {why}"
-        version["files"] = files or version.get("files", "")
+        if files:
+            self.runs[run_id].artifacts[SHIP_FILES] = json.dumps(dict(files), sort_keys=True).encode()
+            version["files"] = hashes_digest(files)
         if card:
             self.runs[run_id].artifacts[SHIP_CARD] = card.encode()
         self.runs[run_id].tags[TAG_CHOSEN] = "true"

@@ -183,9 +183,9 @@ def task_problems(card: ModelCard) -> list[str]:
         return problems  # no lm-eval here: nothing to look names up in
     for task in dict.fromkeys([*card.accuracy.tasks, *(card.server.served_tasks or [])]):
         if task not in names and task not in known:
-            where = f"{card.accuracy.include_path} nor" if card.accuracy.include_path else ""
-            problems.append(f"model '{card.name}': accuracy task '{task}' is defined neither in {where} lm-eval's "
-                            f"tasks{suggest(task, names | known)}")  # fmt: skip
+            where = f"defined neither in {card.accuracy.include_path} nor in" if card.accuracy.include_path else "not"
+            problems.append(f"model '{card.name}': accuracy task '{task}' is {where} one of lm-eval's tasks"
+                            f"{suggest(task, names | known)}")  # fmt: skip
     return problems
 
 

@@ -74,11 +74,14 @@ class Tracker(Protocol):
         """The gate's verdict on every build, the baseline's too, on their runs."""
         ...
 
-    def register_ship(self, run_id: str, source: str, why: str, card: str = "", files: str = "") -> dict[str, str]:
+    def register_ship(
+        self, run_id: str, source: str, why: str, card: str = "", files: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
         """Register the chosen build (its checkpoint at `source`) and point alias `ship` at it; its ship card
         (Markdown, pipelines/present/shipcard.py) becomes the version's description and the run's
-        `ship/README.md` (without one, the description is `why`); `files`, the digest of the checkpoint's file
-        list (pipelines/core/integrity.py), is kept on the version for `qeval pull` to check against."""
+        `ship/README.md` (without one, the description is `why`); `files`, the checkpoint's files by sha256 as
+        the gate judged them, become the run's `ship/files.json` and their digest a tag of the version
+        (pipelines/core/integrity.py), which `qeval pull` and `qeval verify` check against."""
         ...
 
     def clear_ship(self) -> None:

@@ -28,7 +28,6 @@ from eval.stats import Comparison
 from pipelines.core.cards import ModelCard
 from pipelines.core.code import code_version
 from pipelines.core.errors import QevalError
-from pipelines.core.integrity import hashes_digest
 from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
 from pipelines.core.manifests import finished
 from pipelines.core.results import Evaluated, Quantized
@@ -158,7 +157,7 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
         run_id = tracker.build_run(decision.chosen)
         source = checkpoint_source(card, tracker, decision.chosen, run_id)
         built = finished(card.name, decision.chosen, Quantized)
-        files = hashes_digest(built.result.files) if built and built.result.files else ""
+        files = built.result.files if built else None  # as this gate judged them
         registered = tracker.register_ship(run_id, source, decision.why, ship_card(card, decision) or "", files)
         decision = decision.model_copy(update={"registered": registered})
         log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)

@@ -13,12 +13,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from pipelines.core.errors import QevalError
 from pipelines.core.files import locked
+from pipelines.core.integrity import hashes_digest
 from pipelines.core.manifests import Manifest
 from pipelines.core.tracker import ParamsChanged
 from pipelines.core.verdicts import Decision
@@ -41,6 +42,7 @@ from pipelines.tracking.names import (
     PARAM_PRECISION,
     SHIP_ALIAS,
     SHIP_CARD,
+    SHIP_FILES,
     TAG_CHOSEN,
     TAG_DIGESTS,
     TAG_FILES,
@@ -333,7 +335,9 @@ class MlflowTracker:
         for b in decision.builds:
             self._batch(self.build_run(b.precision), verdict_metrics(b), tags=verdict_tags(decision, b))
 
-    def register_ship(self, run_id: str, source: str, why: str, card: str = "", files: str = "") -> dict[str, str]:
+    def register_ship(
+        self, run_id: str, source: str, why: str, card: str = "", files: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
         """Register the chosen build as a version of `qeval-<model>` and point alias `ship` at it.
 
         A build registered before from the same run and checkpoint keeps its version."""
@@ -353,7 +357,8 @@ class MlflowTracker:
             self.client.set_registered_model_alias(name, SHIP_ALIAS, version.version)
             self.client.update_model_version(name, version.version, description=_description(card, why, run_id))
             if files:
-                self.client.set_model_version_tag(name, version.version, TAG_FILES, files)
+                self.client.log_text(run_id, json.dumps(dict(files), indent=1, sort_keys=True), SHIP_FILES)
+                self.client.set_model_version_tag(name, version.version, TAG_FILES, hashes_digest(files))
         if card:
             self.client.log_text(run_id, card, SHIP_CARD)
         self.client.set_tag(run_id, TAG_CHOSEN, "true")

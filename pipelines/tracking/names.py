@@ -28,6 +28,7 @@ TAG_NOT_RUN = "qeval.stage.{stage}.not_run"  # what the card asked of the stage 
 TAG_DIGESTS = "qeval.digests"  # {stage: cache key} as JSON: one tag, not one per stage in the run page's tags
 SHIP_ALIAS = "ship"
 TAG_FILES = "qeval.checkpoint_files_sha256"  # on a registered version: its checkpoint's file list, as gated
+SHIP_FILES = "ship/files.json"  # the shipped checkpoint's files (name -> sha256), on its run, as gated
 SHIP_CARD = "ship/README.md"  # the shipped build's card, on its run (also the registered version's description)
 # MLflow's SQL store keeps a model version's description in 5,000 characters (mlflow/store/model_registry/
 # dbmodels/models.py, SqlModelVersion.description: String(5000)); PostgreSQL refuses a longer one.

@@ -9,6 +9,7 @@ reached. A checkpoint is never fetched here (`qeval pull` is for that).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -22,10 +23,10 @@ from pipelines.core.integrity import Tampered, check_folder, hashes_digest
 from pipelines.core.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
 from pipelines.core.manifests import read_manifest
 from pipelines.core.registry import JUDGED, STAGES
-from pipelines.core.results import Evaluated, Quantized
+from pipelines.core.results import Evaluated
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
-from pipelines.tracking.names import SHIP_CARD, registered_model_name
+from pipelines.tracking.names import SHIP_CARD, SHIP_FILES, registered_model_name
 
 README = "README.md"  # the ship card, in a pulled folder
 
@@ -128,26 +129,23 @@ def ship_card(tracker: Tracker, run_id: str) -> str | None:
 
 
 def recorded_files(tracker: Tracker, info: dict[str, str]) -> dict[str, str]:
-    """The checkpoint's files as its quantize stage recorded them (name -> sha256), for a registry version
-    (`info` from shipped() or download_version()): read from its run, and checked against the digest the
-    gate kept on the version, so that neither the files nor their record can be changed alone."""
+    """The checkpoint's files as the gate judged them (name -> sha256), for a registry version (`info` from
+    shipped() or download_version()): the run's `ship/files.json`, checked against the digest the gate kept
+    on the version, so that neither the files nor their record can be changed alone."""
     what = f"{registered_model_name(tracker.model)} version {info['version']}"
+    files = None
     with tempfile.TemporaryDirectory(prefix="qeval-files-") as tmp:
-        got = (
-            tracker.download(info["run_id"], Quantized.STAGE, Path(tmp), skip=(CHECKPOINT_DIR,))
-            if info["run_id"]
-            else None
-        )
-        done = read_manifest(got, Quantized) if got else None
-    files = done.result.files if done else None
-    if not files:
-        raise QevalError(f"{what}: its run {info['run_id'] or '(none)'} records no file digests for its checkpoint "
-                         f"(built by an earlier qeval): nothing to verify against; gate it again: "
-                         f"qeval quantize --model {tracker.model} --precision {info['precision']} --force, then "
-                         f"qeval gate --model {tracker.model}")  # fmt: skip
-    if info.get("files") and hashes_digest(files) != info["files"]:
-        raise Tampered(f"{what}: the file digests on run {info['run_id']} are not those the gate registered; "
-                       f"the store was changed after the gate: rebuild and gate again")  # fmt: skip
+        got = tracker.download(info["run_id"], SHIP_FILES.split("/")[0], Path(tmp)) if info["run_id"] else None
+        record = got / SHIP_FILES.split("/")[1] if got else None
+        if record is not None and record.is_file():
+            files = json.loads(record.read_text())
+    if not files or not info.get("files"):
+        raise QevalError(f"{what} carries no record of its checkpoint's files (gated by an earlier qeval): nothing "
+                         f"to verify against; rebuild and gate it again: qeval quantize --model {tracker.model} "
+                         f"--precision {info['precision']} --force, then qeval gate -m {tracker.model}")  # fmt: skip
+    if hashes_digest(files) != info["files"]:
+        raise Tampered(f"{what}: the file digests on run {info['run_id']} ({SHIP_FILES}) are not those the gate "
+                       f"registered; the store was changed after the gate: rebuild and gate again")  # fmt: skip
     return files
 
 

@@ -29,8 +29,10 @@ from pipelines.tracking.names import (
     TAG_DESCRIPTION,
     TAG_DIGESTS,
     TAG_DIRTY,
+    TAG_FILES,
     TAG_KIND,
     TAG_MODEL,
+    TAG_NOT_RUN,
     TAG_PRECISION,
     TAG_REASONS,
     TAG_RUN_COLOUR,
@@ -305,6 +307,7 @@ NAMES: dict[str, list[str]] = {
     "tags": [
         TAG_DESCRIPTION, TAG_RUN_COLOUR,
         TAG_MODEL, TAG_PRECISION, TAG_KIND, TAG_SUPERSEDED, TAG_VERDICT, TAG_REASONS, TAG_CHOSEN, TAG_SHIPS,
-        TAG_COMMIT, TAG_DIRTY, TAG_DIGESTS, *(_templated(t) for t in (TAG_STAGE, TAG_STAGE_ERROR)), TAG_VIEW,
+        TAG_COMMIT, TAG_DIRTY, TAG_DIGESTS, *(_templated(t) for t in (TAG_STAGE, TAG_STAGE_ERROR, TAG_NOT_RUN)),
+        TAG_VIEW, TAG_FILES,
     ],
 }  # fmt: skip
