@@ -29,7 +29,7 @@ from pipelines.core.cards import ModelCard
 from pipelines.core.code import code_version
 from pipelines.core.errors import QevalError
 from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
-from pipelines.core.manifests import finished
+from pipelines.core.manifests import result_of
 from pipelines.core.results import Evaluated, Quantized
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured, write_decision
@@ -48,7 +48,7 @@ from pipelines.decision.policy import (
 )
 from pipelines.present.shipcard import ship_card
 from pipelines.tracking.names import SHIP_ALIAS as SHIP
-from pipelines.tracking.readback import fetch_builds, fetch_shipped
+from pipelines.tracking.readback import fetch_builds, fetch_shipped, logged_result
 
 Shipped = tuple[str, tuple[Scored, Evaluated]]  # the shipped version's name, and its evaluation
 
@@ -156,8 +156,9 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
     if decision.chosen:
         run_id = tracker.build_run(decision.chosen)
         source = checkpoint_source(card, tracker, decision.chosen, run_id)
-        built = finished(card.name, decision.chosen, Quantized)
-        files = built.result.files if built else None  # as this gate judged them
+        # its files as built: from this machine's quantize stage, else from its run (a gate on an empty folder)
+        built = result_of(card.name, decision.chosen, Quantized) or logged_result(tracker, run_id, Quantized)
+        files = built.files if built else None
         registered = tracker.register_ship(run_id, source, decision.why, ship_card(card, decision) or "", files)
         decision = decision.model_copy(update={"registered": registered})
         log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)

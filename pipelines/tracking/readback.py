@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import TypeVar
 
 from eval.paired import Scored
 from pipelines.core.cards import ModelCard
@@ -23,11 +24,12 @@ from pipelines.core.integrity import Tampered, check_folder, hashes_digest
 from pipelines.core.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
 from pipelines.core.manifests import read_manifest
 from pipelines.core.registry import JUDGED, STAGES
-from pipelines.core.results import Evaluated
+from pipelines.core.results import Evaluated, StageResult
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
 from pipelines.tracking.names import SHIP_CARD, SHIP_FILES, registered_model_name
 
+R = TypeVar("R", bound=StageResult)
 README = "README.md"  # the ship card, in a pulled folder
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,18 @@ def _fetch_locked(tracker: Tracker, run_id: str, precision: str, stage: str, fin
         replace_dir(got, final)  # as a finished stage replaces the previous one
     log.info("%s@%s %s: read from the tracking store (run %s)", tracker.model, precision, stage, run_id)
     return True
+
+
+def logged_result(tracker: Tracker, run_id: str, kind: type[R]) -> R | None:
+    """The result of the run's finished stage of this kind, read from the store without keeping its files
+    (nor a checkpoint) here; None where the run holds none."""
+    digest = tracker.logged_digest(run_id, kind.STAGE)
+    if digest is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="qeval-stage-") as tmp:
+        got = tracker.download(run_id, kind.STAGE, Path(tmp), skip=(CHECKPOINT_DIR,))
+        done = read_manifest(got, kind) if got else None
+    return done.result if done is not None and done.inputs_digest == digest else None
 
 
 def fetch_builds(card: ModelCard, tracker: Tracker, precisions: list[str] | None = None,
