@@ -20,7 +20,10 @@ TINY = {
     "vocab_size": 4096, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
     "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
 }  # fmt: skip
-__all__ = ["REPO", "env_with", "free_port", "last_json_line", "qeval", "qeval_timed", "root_env", "same_logits"]
+__all__ = [
+    "REPO", "card_env", "env_with", "free_port", "last_json_line", "processes_naming", "qeval", "qeval_timed",
+    "root_env", "same_logits",
+]  # fmt: skip
 
 
 def env_with(**extra: str) -> dict[str, str]:
@@ -28,6 +31,30 @@ def env_with(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(extra)
     return env
+
+
+def card_env(tmp_path: Path, name: str, source: str) -> dict[str, str]:
+    """A copy of ref-lm's card named `name` with another `source:` section in `tmp_path`/cards, and the
+    environment of a `qeval` working in `tmp_path` with it."""
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", f"name: {name}")
+    text = text.replace("source:\n  path: refmodel/ref-lm\n", source)
+    cards = tmp_path / "cards"
+    cards.mkdir(exist_ok=True)
+    (cards / f"{name}.yaml").write_text(text)
+    return env_with(QEVAL_WORKDIR=str(tmp_path), QEVAL_CARDS_DIR=str(cards), HF_HOME=str(tmp_path / "hf"))
+
+
+def processes_naming(text: str) -> list[int]:
+    """The processes (this one aside) whose command line holds `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if proc.name.isdigit() and int(proc.name) != os.getpid() and text.encode() in cmdline:
+            found.append(int(proc.name))
+    return found
 
 
 def root_env(root: Path) -> dict[str, str]:

@@ -4,7 +4,6 @@ process left behind."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -14,24 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, env_with, free_port, root_env
+from helpers import REPO, card_env, env_with, free_port, processes_naming, root_env
 from helpers import qeval_timed as _qeval
 
 pytestmark = pytest.mark.integration  # processes, servers and stores, each of its own
 
 PASSWORD = "S3cretPW99"
-
-
-def _processes_naming(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if proc.name.isdigit() and int(proc.name) != os.getpid() and text.encode() in cmdline:
-            found.append(int(proc.name))
-    return found
 
 
 def test_a_tracking_server_with_nothing_listening_fails_fast_and_keeps_its_password(tmp_path):
@@ -146,23 +133,13 @@ def test_sigterm_stops_the_server_and_fails_the_stage(own_root):
     ):
         assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.5)
-    assert _processes_naming(str(build / "quantize" / "checkpoint"))  # the server runs
+    assert processes_naming(str(build / "quantize" / "checkpoint"))  # the server runs
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-2000:]
     assert "interrupted" in stderr.strip().splitlines()[-1]
-    assert _processes_naming(str(build / "quantize" / "checkpoint")) == []  # stopped with its children
+    assert processes_naming(str(build / "quantize" / "checkpoint")) == []  # stopped with its children
     assert not (build / "serve" / "manifest.json").exists() and (build / "serve.failed").is_dir()
-
-
-def _card(tmp_path: Path, name: str, source: str) -> dict[str, str]:
-    """A copy of ref-lm's card named `name` with another `source:` section, and the environment using it."""
-    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", f"name: {name}")
-    text = text.replace("source:\n  path: refmodel/ref-lm\n", source)
-    cards = tmp_path / "cards"
-    cards.mkdir(exist_ok=True)
-    (cards / f"{name}.yaml").write_text(text)
-    return env_with(QEVAL_WORKDIR=str(tmp_path), QEVAL_CARDS_DIR=str(cards), HF_HOME=str(tmp_path / "hf"))
 
 
 def test_a_pickle_checkpoint_is_refused_before_anything_loads_it(tmp_path):
@@ -172,7 +149,7 @@ def test_a_pickle_checkpoint_is_refused_before_anything_loads_it(tmp_path):
         if f.suffix != ".safetensors":
             (folder / f.name).write_bytes(f.read_bytes())
     (folder / "pytorch_model.bin").write_bytes(b"a pickle is never opened")
-    env = _card(tmp_path, "pickled", f"source:\n  path: {folder}\n")
+    env = card_env(tmp_path, "pickled", f"source:\n  path: {folder}\n")
     done, seconds = _qeval("quantize", "--model", "pickled", "--precision", "bf16", env=env)
     assert done.returncode == 2 and seconds < 30, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
@@ -187,7 +164,7 @@ def test_a_hub_that_cannot_be_reached_fails_fast(tmp_path, hub):
         silent.bind(("127.0.0.1", 0))
         if hub == "never answers":
             silent.listen(8)  # the kernel accepts; nobody answers
-        env = {**_card(tmp_path, "hubbed", source), "HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        env = {**card_env(tmp_path, "hubbed", source), "HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}
         env.pop("HF_HUB_OFFLINE", None)
         done, seconds = _qeval("quantize", "--model", "hubbed", "--precision", "bf16", env=env)
     assert done.returncode == 2 and seconds < 40, done.stderr[-2000:]
@@ -198,7 +175,7 @@ def test_a_hub_that_cannot_be_reached_fails_fast(tmp_path, hub):
 
 
 def test_models_checks_the_files_a_card_names(tmp_path):
-    env = _card(tmp_path, "lost", "source:\n  path: refmodel/no-such-model\n")
+    env = card_env(tmp_path, "lost", "source:\n  path: refmodel/no-such-model\n")
     text = (tmp_path / "cards" / "lost.yaml").read_text().replace("calibration.jsonl", "no-such.jsonl")
     (tmp_path / "cards" / "lost.yaml").write_text(text)
     done, seconds = _qeval("models", env=env)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, env_with, root_env
+from helpers import REPO, card_env, env_with, processes_naming, root_env
 from helpers import qeval_timed as _qeval
 from memory_tracker import MemoryTracker
 
@@ -145,21 +145,12 @@ def test_models_and_quantize_refuse_weights_that_never_end_or_are_cut(tmp_path, 
         os.mkfifo(weights)
     else:
         weights.write_bytes(data[:7_000_000])
-    env = _card_env(tmp_path, "broken", f"source:\n  path: {base}\n")
+    env = card_env(tmp_path, "broken", f"source:\n  path: {base}\n")
     for args in (("models",), ("quantize", "--model", "broken", "--precision", "bf16")):
         done, seconds = _qeval(*args, env=env)
         assert done.returncode == 2 and seconds < 30, done.stderr[-2000:]
         assert "model.safetensors" in done.stderr.strip().splitlines()[-1]
-    assert not (tmp_path / "artifacts/broken/bf16/quantize/manifest.json").exists()
-
-
-def _card_env(tmp_path: Path, name: str, source: str) -> dict[str, str]:
-    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", f"name: {name}")
-    text = text.replace("source:\n  path: refmodel/ref-lm\n", source)
-    cards = tmp_path / "cards"
-    cards.mkdir(exist_ok=True)
-    (cards / f"{name}.yaml").write_text(text)
-    return env_with(QEVAL_WORKDIR=str(tmp_path / "work"), QEVAL_CARDS_DIR=str(cards), HF_HOME=str(tmp_path / "hf"))
+    assert not (tmp_path / "artifacts/broken/bf16/quantize/manifest.json").exists()  # nothing marked done
 
 
 # ---- 3. a model name that climbs out --------------------------------------------------------------------
@@ -216,17 +207,6 @@ with running([sys.executable, "-c", sys.argv[1], "{port}", sys.argv[2]], Path(sy
 """
 
 
-def _alive(marker: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return [p for p in found if p != os.getpid()]
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_a_server_dies_with_the_process_that_started_it(tmp_path, how):
@@ -235,16 +215,16 @@ def test_a_server_dies_with_the_process_that_started_it(tmp_path, how):
                              cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert owner.stdout.readline().startswith("http://127.0.0.1:")
-        assert len(_alive(marker)) >= 2  # the watchdog and the server
+        assert len(processes_naming(marker)) >= 2  # the watchdog and the server
         owner.send_signal(how)  # SIGKILL: an OOM killer or a CI hard timeout; nothing of qeval's runs after it
         owner.wait(10)
         deadline = time.monotonic() + 10
-        while _alive(marker) and time.monotonic() < deadline:
+        while processes_naming(marker) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _alive(marker) == []
+        assert processes_naming(marker) == []
     finally:
         owner.kill()
-        for pid in _alive(marker):
+        for pid in processes_naming(marker):
             os.kill(pid, signal.SIGKILL)
 
 
