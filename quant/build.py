@@ -20,6 +20,7 @@ from quant.precisions import build_recipe, get_precision
 from quant.recipes import RecipeOptions
 
 CHECKPOINT_DIR = "checkpoint"  # inside the stage folder
+SAVED_DTYPE = "bfloat16"  # what a build's unquantized tensors and scales are saved in, whatever it computed in
 
 
 class QuantizeConfig(BaseModel):
@@ -36,6 +37,11 @@ class QuantizeConfig(BaseModel):
     )
     trust_remote_code: bool = False
     seed: int = 0
+    dtype: str = Field(
+        SAVED_DTYPE,
+        description="dtype calibration computes in (quant.execution.compute_dtype); the checkpoint is saved in "
+        "bfloat16 either way",
+    )
 
 
 class QuantizeResult(BaseModel):
@@ -97,7 +103,7 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
     patched = cfg.precision == "awq" and skip_pinning_without_accelerator()
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.base, dtype=torch.bfloat16, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
+            cfg.base, dtype=getattr(torch, cfg.dtype), trust_remote_code=cfg.trust_remote_code, use_safetensors=True
         )
         tokenizer = AutoTokenizer.from_pretrained(cfg.base, trust_remote_code=cfg.trust_remote_code)
     except ValueError as e:
@@ -137,6 +143,9 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         max_seq_length=cfg.calibration.max_seq_length if calib else None,
         shuffle_calibration_samples=False,
     )
+    # Calibrated in float32 on a CPU without bf16 units: saved as a GPU build is, in bf16. The compressor
+    # rounds each weight over its (now bf16) scale at save, so the low-bit values stay on their grid.
+    model.to(getattr(torch, SAVED_DTYPE))
     checkpoint = out_dir / CHECKPOINT_DIR
     try:
         model.save_pretrained(checkpoint, save_compressed=True)

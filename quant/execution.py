@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
+from pathlib import Path
 from typing import Literal
 
 from quant.precisions import Precision, get_precision
@@ -76,6 +78,39 @@ def _by_capability(p: Precision, capability: tuple[int, int]) -> Execution:
     if p.weight_only_from is not None and capability >= p.weight_only_from:
         return Execution.WEIGHT_ONLY
     return Execution.EMULATED
+
+
+BF16_UNITS = {"avx512_bf16", "amx_bf16", "bf16"}
+"""CPU flags of bf16 matrix units, as /proc/cpuinfo names them: x86's AVX512-BF16 and AMX-BF16, Arm's FEAT_BF16."""
+
+
+@cache
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """This CPU's feature flags (x86 `flags`, Arm `Features`); empty where the file cannot be read."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return frozenset(flags)
+
+
+def compute_dtype(device: Device, flags: frozenset[str] | None = None) -> str:
+    """The dtype transformers computes a build in on `device` (calibration, the logit check, evaluation).
+
+    bfloat16 on a GPU and on a CPU with bf16 units; float32 on any other CPU, where torch emulates bf16
+    matrix products: on this repository's 2-core AVX2 machine a [4096 x 256] x [256 x 768] product took
+    326 ms in bf16 against 59 ms in float32, and lm-eval on ref-lm 254 s against 76 s (README, "How
+    accuracy is measured"). The weights are the checkpoint's either way: bf16 values and dequantized
+    low-bit ones are exact in float32; only the sums are rounded less.
+    """
+    if device.kind == "cuda":
+        return "bfloat16"
+    return "bfloat16" if (cpu_flags() if flags is None else flags) & BF16_UNITS else "float32"
 
 
 def compute_units(precision: str, device: Device) -> str:

@@ -38,6 +38,7 @@ class VerifyConfig(BaseModel):
     max_tokens: int = Field(128, gt=1, description="prompt tokens compared, at most")
     min_agreement: float = Field(0.5, ge=0, le=1, description="top-1 agreement below this fails the build")
     trust_remote_code: bool = False
+    dtype: str = Field("bfloat16", description="dtype both models compute in (quant.execution.compute_dtype)")
 
 
 class VerifyResult(BaseModel):
@@ -86,8 +87,9 @@ def verify_checkpoint(cfg: VerifyConfig, out_dir: Path) -> VerifyResult:
     fmt, bits = check_quantization_config(config, cfg.precision)
     tokenizer = AutoTokenizer.from_pretrained(cfg.base)
     load = {"trust_remote_code": cfg.trust_remote_code, "use_safetensors": True}
-    base = AutoModelForCausalLM.from_pretrained(cfg.base, dtype=torch.bfloat16, **load).eval()
-    build = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, dtype=torch.bfloat16, **load).eval()
+    load["dtype"] = getattr(torch, cfg.dtype)
+    base = AutoModelForCausalLM.from_pretrained(cfg.base, **load).eval()
+    build = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, **load).eval()
     base_rows, build_rows = [], []
     with torch.no_grad():
         for prompt in PROMPTS:

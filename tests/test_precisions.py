@@ -12,7 +12,7 @@ from pipelines.core.paths import REPO_ROOT
 from pipelines.core.results import Quantized
 from pipelines.tracking.mapping import logged
 from quant.build import QuantizeConfig
-from quant.execution import CPU, DEQUANTIZED, Device, Execution, execution
+from quant.execution import CPU, DEQUANTIZED, Device, Execution, compute_dtype, cpu_flags, execution
 from quant.precisions import PRECISIONS, build_recipe, get_precision
 from quant.recipes import IGNORE, RecipeOptions
 from quant.verify import check_quantization_config
@@ -87,6 +87,19 @@ def test_execution_is_one_function_of_the_precision_the_device_and_the_kernel():
     assert execution("fp8", ampere, "MarlinFP8ScaledMMLinearKernel") == execution("fp8", ampere) == "weight-only"
     assert execution("awq", hopper, "MachetteLinearKernel") == Execution.WEIGHT_ONLY  # no 4-bit tensor cores
     assert execution("int8", Device("cuda")) == Execution.UNKNOWN  # a GPU of unknown capability
+
+
+def test_transformers_computes_in_bf16_only_where_the_hardware_multiplies_it(tmp_path):
+    """float32 on a CPU without bf16 units (torch emulates bf16 products there, several times slower)."""
+    avx2 = frozenset({"avx", "avx2", "fma"})
+    assert compute_dtype(CPU, avx2) == compute_dtype(CPU, avx2 | {"avx512f", "avx512_vnni"}) == "float32"
+    assert compute_dtype(CPU, avx2 | {"avx512f", "avx512_bf16"}) == compute_dtype(CPU, avx2 | {"amx_bf16"}) == "bfloat16"
+    assert compute_dtype(CPU, frozenset({"fp", "asimd", "bf16"})) == "bfloat16"  # Arm's FEAT_BF16
+    assert compute_dtype(Device("cuda", (9, 0)), frozenset()) == "bfloat16"
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags\t\t: fpu avx2 amx_bf16\n")
+    assert cpu_flags(info) == {"fpu", "avx2", "amx_bf16"}
+    assert cpu_flags(tmp_path / "missing") == frozenset()  # not Linux: no flags, so float32 on a CPU
 
 
 def test_unknown_precision_suggests_the_closest():

@@ -9,6 +9,7 @@ import eval.accuracy as accuracy
 from eval.compare import recoveries
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
+from pipelines.core.code import environment
 from pipelines.core.demands import check_tasks
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
@@ -19,6 +20,7 @@ from pipelines.core.results import Evaluated, evaluation_settings
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env
+from quant.execution import Device, compute_dtype
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ def _config(card: ModelCard, checkpoint: str, limit: int | None) -> accuracy.Acc
         limit=limit or acc.limit,
         batch_size=acc.batch_size,
         seed=acc.seed,
+        dtype=compute_dtype(Device(environment()["device"])),
         trust_remote_code=card.source.trust_remote_code,
         tensor_parallel=card.server.tensor_parallel or 1,  # lm-eval's vLLM backend, where it runs (a GPU)
     )

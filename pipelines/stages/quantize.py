@@ -13,6 +13,7 @@ import quant.build as build_mod
 import quant.verify as verify
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
+from pipelines.core.code import environment
 from pipelines.core.files import file_digest
 from pipelines.core.integrity import file_hashes
 from pipelines.core.layout import CHECKPOINT_DIR, STAGE_LOG, stage_dir
@@ -23,6 +24,7 @@ from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import offline_env, resolve_weights, weights_identity
 from quant.calibration import CalibrationSpec
+from quant.execution import Device, compute_dtype
 from quant.precisions import get_precision
 
 
@@ -51,6 +53,7 @@ def quantize(
         inputs = {"base": weights_identity(card, base)}
         return run_stage(tracker, precision, Quantized, inputs, lambda out: _baseline(card, base, scheme), force=force)
     spec, calib_id = _calibration(card, num_samples) if p.needs_calibration else (None, None)
+    dtype = compute_dtype(Device(environment()["device"]))
     cfg = build_mod.QuantizeConfig(
         base=base,
         precision=precision,
@@ -58,9 +61,12 @@ def quantize(
         ignore=card.quantization.ignore,
         calibration=spec,
         trust_remote_code=card.source.trust_remote_code,
+        dtype=dtype,
     )
     # the checkpoint is filled in once it is built (checkpoint and base are paths, not settings)
-    check = verify.VerifyConfig(base=base, checkpoint="", precision=precision, trust_remote_code=cfg.trust_remote_code)
+    check = verify.VerifyConfig(
+        base=base, checkpoint="", precision=precision, trust_remote_code=cfg.trust_remote_code, dtype=dtype
+    )
     inputs = {
         "base": weights_identity(card, base),
         "config": cfg.model_dump(mode="json", exclude={"base", "calibration"}),

@@ -147,6 +147,7 @@ QUANTIZE_SETTINGS = {
     "calibration": "quant.calibration",
     "trust_remote_code": "quant.trust_remote_code",
     "seed": "quant.seed",
+    "dtype": "quant.dtype",
 }
 VERIFY_SETTINGS = {"max_tokens": "quant.verify_max_tokens", "min_agreement": "quant.verify_min_agreement"}
 EVAL_SETTINGS = {
@@ -210,6 +211,7 @@ NOT_SETTINGS = {  # config type name -> its fields that are not settings, and wh
         "checkpoint": "a path",
         "precision": "the run's tag",
         "trust_remote_code": "quant.trust_remote_code",
+        "dtype": "quant.dtype",
     },
     "AccuracyConfig": {
         "checkpoint": "a path",
