@@ -144,7 +144,7 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         shuffle_calibration_samples=False,
     )
     # Calibrated in float32 on a CPU without bf16 units: saved as a GPU build is, in bf16. The compressor
-    # rounds each weight over its (now bf16) scale at save, so the low-bit values stay on their grid.
+    # quantizes each weight with its (now bf16) scale at save, as it does after a bf16 calibration.
     model.to(getattr(torch, SAVED_DTYPE))
     checkpoint = out_dir / CHECKPOINT_DIR
     try:

@@ -103,10 +103,9 @@ def compute_dtype(device: Device, flags: frozenset[str] | None = None) -> str:
     """The dtype transformers computes a build in on `device` (calibration, the logit check, evaluation).
 
     bfloat16 on a GPU and on a CPU with bf16 units; float32 on any other CPU, where torch emulates bf16
-    matrix products: on this repository's 2-core AVX2 machine a [4096 x 256] x [256 x 768] product took
-    326 ms in bf16 against 59 ms in float32, and lm-eval on ref-lm 254 s against 76 s (README, "How
-    accuracy is measured"). The weights are the checkpoint's either way: bf16 values and dequantized
-    low-bit ones are exact in float32; only the sums are rounded less.
+    matrix products (5.5x slower than float32 on a 2-core AVX2 machine; docs/toolchain.md, "transformers").
+    The weights are the checkpoint's either way: bf16 values and dequantized low-bit ones are exact in
+    float32; only the sums are rounded less.
     """
     if device.kind == "cuda":
         return "bfloat16"

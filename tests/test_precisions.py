@@ -93,7 +93,9 @@ def test_transformers_computes_in_bf16_only_where_the_hardware_multiplies_it(tmp
     """float32 on a CPU without bf16 units (torch emulates bf16 products there, several times slower)."""
     avx2 = frozenset({"avx", "avx2", "fma"})
     assert compute_dtype(CPU, avx2) == compute_dtype(CPU, avx2 | {"avx512f", "avx512_vnni"}) == "float32"
-    assert compute_dtype(CPU, avx2 | {"avx512f", "avx512_bf16"}) == compute_dtype(CPU, avx2 | {"amx_bf16"}) == "bfloat16"
+    assert (
+        compute_dtype(CPU, avx2 | {"avx512f", "avx512_bf16"}) == compute_dtype(CPU, avx2 | {"amx_bf16"}) == "bfloat16"
+    )
     assert compute_dtype(CPU, frozenset({"fp", "asimd", "bf16"})) == "bfloat16"  # Arm's FEAT_BF16
     assert compute_dtype(Device("cuda", (9, 0)), frozenset()) == "bfloat16"
     info = tmp_path / "cpuinfo"

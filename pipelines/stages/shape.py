@@ -40,6 +40,7 @@ from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import architecture_config
 from pipelines.stages import engines, sweep
+from quant.execution import Execution
 from quant.recipes import RecipeOptions
 from quant.shape import has_tokenizer, quantization_config, write_shape_build
 
@@ -152,6 +153,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
             name: {"load": load.model_dump(), "slo": slo.model_dump()} for name, (load, slo, _) in points.items()
         },
         "probe": [PROBE_TOKENS, PROBE_MARGIN, PROBE_TIMEOUT_S],
+        "cannot_run": engines.vllm_cannot_run(precision, device),  # this CPU's instructions, not in the device
     }
     label = f"{card.name}@{precision} ({label_of(card)})"
 
@@ -163,16 +165,24 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         top = 4 * max(s.concurrency)
         ceiling = sweep.generator_ceiling(out, top, 4)
         where = f"its log {out / 'server.log'}"
-        cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
-        log.info("starting vLLM for %s (log: %s)", label, out / "server.log")
         swept: dict[str, tuple[Probe, list[serving.RequestRecord]]] = {}
-        with running(cmd, out / "server.log", srv.start_timeout_s, f"vLLM for {label}", env) as base:
-            for name, (load, objective, capped) in points.items():
-                if capped:
-                    log.info("%s, scenario %s: %s", label, name, capped)
-                swept[name] = _scenario(f"{label}, scenario {name}", base, str(build), arch, load, objective, where)
-                sweep.check_alive(label, base, swept[name][1], out, where)
-        kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
+        if cannot := engines.vllm_cannot_run(precision, device):
+            # recorded as holding no users, with the reason, as a build too slow to sweep is; not started
+            log.warning("%s: %s; not run", label, cannot)
+            probe = Probe(output_len=0, ttft_ms=None, tpot_ms=None, too_slow=True, why=f"{cannot}; not run")
+            swept = {name: (probe, []) for name in points}
+            kernels, how = [], Execution.UNKNOWN
+        else:
+            cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
+            log.info("starting vLLM for %s (log: %s)", label, out / "server.log")
+            with running(cmd, out / "server.log", srv.start_timeout_s, f"vLLM for {label}", env) as base:
+                for name, (load, objective, capped) in points.items():
+                    if capped:
+                        log.info("%s, scenario %s: %s", label, name, capped)
+                    swept[name] = _scenario(f"{label}, scenario {name}", base, str(build), arch, load, objective,
+                                            where)  # fmt: skip
+                    sweep.check_alive(label, base, swept[name][1], out, where)
+            kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
         scenarios = {}
         for name, (probe, records) in swept.items():
             load, objective, capped = points[name]
