@@ -143,6 +143,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb, random_weights=True,
     )  # fmt: skip
     points = _loads(card, positions)
+    cannot = engines.vllm_cannot_run(precision, device)
     version = f"{vllm.distribution} {vllm.version}"
     inputs = {
         "config": file_digest([config]),
@@ -153,7 +154,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
             name: {"load": load.model_dump(), "slo": slo.model_dump()} for name, (load, slo, _) in points.items()
         },
         "probe": [PROBE_TOKENS, PROBE_MARGIN, PROBE_TIMEOUT_S],
-        "cannot_run": engines.vllm_cannot_run(precision, device),  # this CPU's instructions, not in the device
+        "cannot_run": cannot,  # this CPU's instruction sets, which environment()'s device does not say
     }
     label = f"{card.name}@{precision} ({label_of(card)})"
 
@@ -166,7 +167,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         ceiling = sweep.generator_ceiling(out, top, 4)
         where = f"its log {out / 'server.log'}"
         swept: dict[str, tuple[Probe, list[serving.RequestRecord]]] = {}
-        if cannot := engines.vllm_cannot_run(precision, device):
+        if cannot:
             # recorded as holding no users, with the reason, as a build too slow to sweep is; not started
             log.warning("%s: %s; not run", label, cannot)
             probe = Probe(output_len=0, ttft_ms=None, tpot_ms=None, too_slow=True, why=f"{cannot}; not run")
