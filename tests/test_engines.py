@@ -78,12 +78,26 @@ def _with_server(card, **server):
 def test_served_accuracy_extends_the_context_by_the_two_tokens_it_needs():
     card = _with_server(load_card("ref-lm"), served_accuracy=True)
     ckpt = resolve_weights(card)
-    s = vllm_settings(card, "bf16", ckpt, "cpu")
+    s = vllm_settings(card, "bf16", ckpt, Device("cpu"))
     assert (s.max_model_len, s.positions, s.enforce_eager, s.tensor_parallel) == (514, 512, True, 1)
     cmd, _ = engines.vllm_command("python", ckpt, s, False)
     assert json.loads(cmd[cmd.index("--hf-overrides") + 1]) == {"max_position_embeddings": 514}
-    plain = vllm_settings(_with_server(card, served_accuracy=False), "bf16", ckpt, "cpu")
+    plain = vllm_settings(_with_server(card, served_accuracy=False), "bf16", ckpt, Device("cpu"))
     assert (plain.max_model_len, plain.positions) == (512, None)
+
+
+def test_vllm_computes_in_the_dtype_the_offline_evaluation_does(monkeypatch):
+    """float32 on a CPU without bf16 units (bf16 is emulated there), the checkpoint's own where it has them."""
+    import quant.execution as execution
+
+    card = load_card("ref-lm")
+    ckpt = resolve_weights(card)
+    for flags, dtype in ((frozenset({"avx2", "fma"}), "float32"), (frozenset({"avx512f", "avx512_bf16"}), "auto")):
+        monkeypatch.setattr(execution, "cpu_flags", lambda flags=flags: flags)
+        s = vllm_settings(card, "bf16", ckpt, Device("cpu"))
+        assert s.dtype == dtype
+        cmd, _ = engines.vllm_command("python", ckpt, s, False)
+        assert cmd[cmd.index("--dtype") + 1] == "float32" if dtype == "float32" else "--dtype" not in cmd
 
 
 def _sized(fits: list[sizing.Fit]) -> Sized:

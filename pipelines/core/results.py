@@ -175,6 +175,7 @@ class VllmSettings(BaseModel):
     positions: int | None = None  # the model's positions, where max_model_len goes beyond them
     seed: int = 0
     random_weights: bool = False  # a shape build: vLLM's dummy loader, no tokenizer (prompts are token ids)
+    dtype: str = "auto"  # vLLM's --dtype; auto: the checkpoint's (serve.vllm_settings says when it is not)
 
 
 class LinearKernel(BaseModel):

@@ -86,9 +86,10 @@ def _serve(card: ModelCard, precision: str) -> list[str]:
     served = result_of(card.name, precision, Served)
     length = f" --max-model-len {served.vllm.max_model_len}" if served and served.vllm else ""
     kv = f" --kv-cache-dtype {card.server.kv_cache_dtype}" if card.server.kv_cache_dtype != "auto" else ""
+    dtype = f" --dtype {served.vllm.dtype}" if served and served.vllm and served.vllm.dtype != "auto" else ""
     return ["## Serving it", "", "From the folder `qeval pull --model "
             f"{card.name} <folder>` writes (this file is its README.md):", "", "```",
-            f"vllm serve <folder> --host 127.0.0.1 --port 8000{length}{kv}", "```"]  # fmt: skip
+            f"vllm serve <folder> --host 127.0.0.1 --port 8000{length}{kv}{dtype}", "```"]  # fmt: skip
 
 
 def ship_card(card: ModelCard, decision: Decision, tab: capacity.Table | None = None) -> str | None:

@@ -137,6 +137,8 @@ def vllm_command(
         cmd += ["--pipeline-parallel-size", str(s.pipeline_parallel)]
     if s.kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", s.kv_cache_dtype]
+    if s.dtype != "auto":
+        cmd += ["--dtype", s.dtype]
     if s.enforce_eager:
         cmd += ["--enforce-eager"]
     if s.device == "cpu":

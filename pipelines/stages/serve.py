@@ -30,7 +30,7 @@ from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env
 from pipelines.stages import engines, served_accuracy, sweep
-from quant.execution import Device, Execution
+from quant.execution import Device, Execution, compute_dtype
 
 log = logging.getLogger(__name__)
 EXACT_LENGTH = {"vllm": "ignore_eos", "transformers": "generation_config"}  # how each engine is held to a length
@@ -65,28 +65,35 @@ def default_tensor_parallel(card: ModelCard, sized: Sized | None, device_name: s
 
 
 def vllm_settings(
-    card: ModelCard, precision: str, checkpoint: str, device: str, device_name: str | None = None
+    card: ModelCard, precision: str, checkpoint: str, device: Device, device_name: str | None = None
 ) -> VllmSettings:
     """How vLLM serves this build here: the card's settings, with the defaults filled in.
 
     Served accuracy needs two tokens beyond the model's positions (eval/accuracy.py, _served_args); the
     extra positions are never scored (engines.vllm_command extends vLLM's position table to them).
+    vLLM computes in the dtype the offline evaluation does (quant.execution.compute_dtype), so that served
+    and offline scores differ by the engines alone: the checkpoint's bf16 on a GPU and a CPU with bf16 units,
+    float32 on another CPU, where bf16 is emulated (there vLLM scored ref-lm's chapters 5.9x faster in
+    float32; docs/toolchain.md, "vLLM").
     """
     srv = card.server
     positions = served_accuracy.model_positions(checkpoint) or srv.max_model_len or 2048
     length = srv.max_model_len or positions
     if srv.served_accuracy:
         length = max(length, positions + 2)
-    sized = result_of(card.name, precision, Sized) if device == "cuda" else None
+    gpu = device.kind == "cuda"
+    sized = result_of(card.name, precision, Sized) if gpu else None
+    dtype = compute_dtype(device)
     return VllmSettings(
-        device=device,
+        device=device.kind,
         max_model_len=length,
-        tensor_parallel=default_tensor_parallel(card, sized, device_name) if device == "cuda" else 1,
+        tensor_parallel=default_tensor_parallel(card, sized, device_name) if gpu else 1,
         pipeline_parallel=srv.pipeline_parallel,
         kv_cache_dtype=srv.kv_cache_dtype,
-        enforce_eager=device == "cpu" if srv.enforce_eager is None else srv.enforce_eager,
+        enforce_eager=not gpu if srv.enforce_eager is None else srv.enforce_eager,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
         positions=positions if length > positions else None,
+        dtype="auto" if dtype == "bfloat16" else dtype,
     )
 
 
@@ -113,7 +120,7 @@ def serve(
         if vllm is None:
             raise QevalError(f"model '{card.name}': server.engine is vllm but no vLLM is installed here; "
                              f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
-        settings = vllm_settings(card, precision, checkpoint, device.kind, device_name)
+        settings = vllm_settings(card, precision, checkpoint, device, device_name)
     load = loadgen.LoadSettings(
         api=srv.api,
         concurrency=s.concurrency,

@@ -176,6 +176,7 @@ VLLM_SETTINGS = {
     "gpu_memory_utilization": "server.gpu_memory_utilization",
     "seed": "server.seed",
     "random_weights": "server.random_weights",
+    "dtype": "server.dtype",
 }
 ENGINE_SETTINGS = {
     "no_weights": "engine.weights",
