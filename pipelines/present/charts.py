@@ -177,7 +177,8 @@ def _finish(fig, axes, steps: list[int], label: str, title: str, fontsize: int =
     """Two panels over the same measured steps: their axes, the legend on the first, the title."""
     for ax in axes:
         _steps(ax, steps, label)
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:  # none where no build was swept (all probed, or not run)
+        axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
     return fig
