@@ -74,7 +74,7 @@ def vllm_settings(
     vLLM computes in the dtype the offline evaluation does (quant.execution.compute_dtype), so that served
     and offline scores differ by the engines alone: the checkpoint's bf16 on a GPU and a CPU with bf16 units,
     float32 on another CPU, where bf16 is emulated (there vLLM scored ref-lm's chapters 5.9x faster in
-    float32; docs/toolchain.md, "vLLM").
+    float32; docs/toolchain.md, "transformers").
     """
     srv = card.server
     positions = served_accuracy.model_positions(checkpoint) or srv.max_model_len or 2048
