@@ -299,8 +299,9 @@ def documents(folder: Path, result: AccuracyResult, task: str, metric: Metric) -
 
 
 def task_files(include: Path, root: Path) -> list[Path]:
-    """A local task folder's YAMLs and the data files they name (relative to `root`, where lm-eval runs),
-    so that editing either reruns a stage."""
+    """A local task folder's YAMLs, the Python files beside them (a YAML's `!function` names one: its
+    scoring) and the data files they name (relative to `root`, where lm-eval runs), so that editing any
+    reruns a stage."""
     import yaml
 
     class _TaskYamlLoader(yaml.SafeLoader):
@@ -317,4 +318,4 @@ def task_files(include: Path, root: Path) -> list[Path]:
                 path = root / path
             if path is not None and path.is_file():
                 files.append(path)
-    return files
+    return files + sorted(include.glob("*.py"))

@@ -101,3 +101,21 @@ def test_a_build_evaluated_unlike_its_baseline_is_refused(small_card, evaluated)
 def test_second_evaluation_is_skipped(small_card, evaluated):
     again = evaluate(small_card, "fp8", MemoryTracker(small_card.name), limit=6)
     assert again.status == "skipped" and again.result == evaluated["fp8"].result
+
+
+def test_a_generative_task_runs_greedily_offline_with_per_document_scores(tmp_path):
+    """refkjv_continue through lm-eval's generate_until on ref-lm: every document generated, scored per
+    document (exact_match, chrf in 0-1) and recorded with its text, as the paired statistics read them."""
+    cfg = accuracy.AccuracyConfig(
+        checkpoint=str(REPO / "refmodel/ref-lm"), tasks=["refkjv_continue"],
+        include_path=str(REPO / "eval/tasks/refkjv"), num_fewshot=0, limit=8, batch_size=8, seed=0, dtype="float32",
+    )  # fmt: skip
+    result = accuracy.evaluate_accuracy(cfg, tmp_path)
+    assert result.n_samples == {"refkjv_continue": 8}
+    assert {m.name for m in result.scores["refkjv_continue"]} == {"exact_match", "chrf"}
+    metric = next(m for m in result.scores["refkjv_continue"] if m.name == "chrf")
+    chrf = accuracy.documents(tmp_path, result, "refkjv_continue", metric)
+    assert len(chrf) == 8 and all(0.0 <= v <= 1.0 for v in chrf.values())
+    assert math.isclose(sum(chrf.values()) / 8, metric.value)
+    rows = [json.loads(line) for line in (tmp_path / "samples_refkjv_continue.jsonl").read_text().splitlines()]
+    assert all(r["filtered_resps"][0].strip() and "\n" not in r["filtered_resps"][0] for r in rows)  # stops at the line

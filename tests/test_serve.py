@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from helpers import qeval, root_env
+from helpers import REPO, qeval, root_env
 from mlflow.tracking import MlflowClient
 
 from eval.serving import read_csv
@@ -133,3 +134,44 @@ def test_a_server_the_user_runs_is_driven_by_url(own_root, tmp_path):
     records = read_csv(record.path / "requests.csv")
     assert len(records) == 6 and all(r.ok for r in records)
     assert not (record.path / "server.log").exists()  # not ours to start, nor to log
+
+
+def test_a_generative_task_runs_greedily_through_vllm_as_offline(tmp_path):
+    """refkjv_continue through vLLM's completions API (lm-eval's local-completions backend, as the serve stage
+    scores a build) and offline, on the same documents: the served generations stop at the line's end, are
+    scored per document, and are mostly the offline ones, word for word (both greedy, in one dtype; a
+    prompt off by one token would make every one differ)."""
+    from eval import accuracy
+    from pipelines.core.procs import running
+    from pipelines.stages import engines
+    from pipelines.stages.serve import vllm_settings
+    from quant.execution import Device, compute_dtype
+
+    card = load_card("ref-lm")
+    ckpt = str(REPO / "refmodel/ref-lm")
+    offline = accuracy.AccuracyConfig(
+        checkpoint=ckpt, tasks=["refkjv_continue"], include_path=str(REPO / "eval/tasks/refkjv"), num_fewshot=0,
+        limit=8, batch_size=8, seed=0, dtype=compute_dtype(Device("cpu")),
+    )  # fmt: skip
+    for side in ("offline", "served"):
+        (tmp_path / side).mkdir()
+    accuracy.evaluate_accuracy(offline, tmp_path / "offline")
+    vllm = engines.find_vllm()
+    assert vllm is not None, "make engine"
+    cmd, env = engines.vllm_command(vllm.python, ckpt, vllm_settings(card, "bf16", ckpt, Device("cpu")), False)
+    with running(cmd, tmp_path / "server.log", card.server.start_timeout_s, "vLLM", env) as url:
+        served = offline.model_copy(
+            update={"backend": "local-completions", "base_url": url, "served_model": ckpt, "max_length": 512}
+        )
+        result = accuracy.evaluate_accuracy(served, tmp_path / "served")
+    assert result.backend == "local-completions" and result.n_samples == {"refkjv_continue": 8}
+
+    def generated(side: str) -> dict[int, str]:
+        rows = (tmp_path / side / "samples_refkjv_continue.jsonl").read_text().splitlines()
+        return {r["doc_id"]: r["filtered_resps"][0] for r in map(json.loads, rows)}
+
+    served_text, offline_text = generated("served"), generated("offline")
+    assert served_text.keys() == offline_text.keys() and len(served_text) == 8
+    assert all(t.strip() and "\n" not in t for t in served_text.values())
+    same = sum(served_text[d] == offline_text[d] for d in served_text)
+    assert same >= 6, (same, served_text, offline_text)

@@ -29,6 +29,9 @@ def test_generator_reproduces_the_committed_files(tmp_path):
         "last_word.jsonl": make_tasks._write(
             tmp_path / "l.jsonl", make_tasks.last_word_items(chapters, random.Random(make_tasks.SEED + 1))
         ),
+        "continue.jsonl": make_tasks._write(
+            tmp_path / "c.jsonl", make_tasks.continue_items(chapters, random.Random(make_tasks.SEED + 2))
+        ),
     }
     assert made == json.loads((TASKS / "digests.json").read_text())
 
@@ -42,3 +45,31 @@ def test_items_are_well_formed_and_come_from_held_out_text():
         assert all(len(r["choices"]) == 4 and len(set(r["choices"])) == 4 for r in rows)
         assert all(0.2 < labels.count(k) / len(rows) < 0.3 for k in range(4))  # the answer is not positional
         assert all(r["context"] in heldout for r in rows[:50])
+
+
+def test_continuations_are_the_rest_of_a_held_out_verse():
+    heldout = corpus.read_jsonl(corpus.HELDOUT_FILE)
+    verses = {v for c in heldout for v in c.text.split("\n")}
+    rows = [json.loads(line) for line in (TASKS / "continue.jsonl").read_text().splitlines()]
+    assert len(rows) == make_tasks.CONTINUE_ITEMS
+    for r in rows:
+        previous, start = r["context"].split("\n")
+        assert previous in verses and start + r["target"] in verses  # the target completes the verse
+        assert 3 <= len(r["target"].split()) <= make_tasks.CONTINUE_MAX_WORDS
+
+
+def test_a_continuation_scores_exact_match_and_chrf_per_document():
+    from eval.tasks.refkjv.utils import process_results
+
+    doc = {"target": " and the waters were abated."}
+    assert process_results(doc, [" and the waters were abated. "]) == {"exact_match": 1.0, "chrf": 1.0}
+    near, far = (process_results(doc, [g]) for g in (" and the waters were abated", " a great city"))
+    assert near["exact_match"] == far["exact_match"] == 0.0
+    assert 0.0 <= far["chrf"] < near["chrf"] < 1.0  # a late departure scores near the text, an early one far
+
+
+def test_the_task_folders_scoring_code_is_part_of_its_identity():
+    from eval.accuracy import task_files
+
+    names = [p.name for p in task_files(TASKS, REPO)]
+    assert {"refkjv_continue.yaml", "continue.jsonl", "utils.py"} <= set(names)  # editing the scoring reruns

@@ -9,11 +9,14 @@ never saw. Four choices each, so chance is 25%.
   of about the same length from other chapters).
 - refkjv_last_word: a verse without its last word, then which of four words ends it (the distractors
   are last words of other held-out verses, so every choice is a plausible verse ending).
+- refkjv_continue: a verse and the first words of the next, then the rest of that verse, generated
+  greedily (lm-eval's generate_until) and scored against the real text: where quantization shows first.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 from pathlib import Path
@@ -24,6 +27,8 @@ HERE = Path(__file__).resolve().parent
 CHOICES = 4
 CONTEXT_VERSES = 3
 SEED = 20261130
+CONTINUE_ITEMS = 300  # greedy generation costs a forward per token: a sample of the verse pairs
+CONTINUE_MAX_WORDS = 24  # continuations the task's max_gen_toks (64) holds whole
 
 
 def _write(path: Path, rows: list[dict]) -> str:
@@ -66,11 +71,27 @@ def last_word_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[
     return items
 
 
+def continue_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[dict]:
+    """A verse, then the first third (at least two words) of the next one; the target is the rest of it."""
+    items = []
+    for chapter in chapters:
+        verses = chapter.text.split("\n")
+        for previous, verse in itertools.pairwise(verses):
+            words = verse.split(" ")
+            shown = max(2, len(words) // 3)
+            if not 3 <= len(words) - shown <= CONTINUE_MAX_WORDS:
+                continue
+            start, rest = " ".join(words[:shown]), " ".join(words[shown:])
+            items.append({"context": previous + "\n" + start, "target": " " + rest})
+    return sorted(rng.sample(items, min(CONTINUE_ITEMS, len(items))), key=items.index)
+
+
 def main() -> None:
     chapters = corpus.read_jsonl(corpus.HELDOUT_FILE)
     digests = {
         "next_verse.jsonl": _write(HERE / "next_verse.jsonl", next_verse_items(chapters, random.Random(SEED))),
         "last_word.jsonl": _write(HERE / "last_word.jsonl", last_word_items(chapters, random.Random(SEED + 1))),
+        "continue.jsonl": _write(HERE / "continue.jsonl", continue_items(chapters, random.Random(SEED + 2))),
     }
     (HERE / "digests.json").write_text(json.dumps(digests, indent=2) + "\n")
     print(json.dumps(digests, indent=2))
