@@ -1,10 +1,10 @@
-"""Make the reference model's multiple-choice tasks from its held-out chapters (deterministic).
+"""Make the reference model's multiple-choice and generative tasks from its held-out chapters (deterministic).
 
     .venv/bin/python -m eval.tasks.refkjv.make_tasks
 
-Writes next_verse.jsonl and last_word.jsonl beside this file and prints their sha256 (also kept in
-digests.json, which the tests check). Both draw only on refmodel/data/heldout.jsonl, which the model
-never saw. Four choices each, so chance is 25%.
+Writes next_verse.jsonl, last_word.jsonl and continue.jsonl beside this file and prints their sha256 (also
+kept in digests.json, which the tests check). All draw only on refmodel/data/heldout.jsonl, which the model
+never saw. The multiple-choice tasks have four choices each, so chance is 25%.
 - refkjv_next_verse: up to three verses, then which of four verses follows them (three are verses
   of about the same length from other chapters).
 - refkjv_last_word: a verse without its last word, then which of four words ends it (the distractors
