@@ -83,7 +83,8 @@ def continue_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[d
                 continue
             start, rest = " ".join(words[:shown]), " ".join(words[shown:])
             items.append({"context": previous + "\n" + start, "target": " " + rest})
-    return sorted(rng.sample(items, min(CONTINUE_ITEMS, len(items))), key=items.index)
+    keep = sorted(rng.sample(range(len(items)), min(CONTINUE_ITEMS, len(items))))
+    return [items[i] for i in keep]  # in text order
 
 
 def main() -> None:
