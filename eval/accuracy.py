@@ -139,12 +139,15 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         fewshot_random_seed=cfg.seed,
     )
     samples = out.pop("samples", {})
+    configs = out.get("configs", {})
+    generative = [t for t, c in configs.items() if c.get("output_type") == "generate_until" and t in samples]
+    if generative:
+        _add_generated_ids({t: samples[t] for t in generative}, cfg)
     for task, rows in samples.items():
         with (out_dir / f"samples_{task}.jsonl").open("w") as f:
             for row in rows:
                 f.write(json.dumps(row, default=str) + "\n")
     (out_dir / "lm_eval_results.json").write_text(json.dumps(out, indent=2, default=str))
-    configs = out.get("configs", {})
     return AccuracyResult(
         scores=scores(out["results"], out.get("higher_is_better", {})),
         groups=out.get("group_subtasks") or {},
@@ -157,6 +160,37 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         seconds=round(time.perf_counter() - t0, 2),
         peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     )
+
+
+GENERATED_IDS = "generated_ids"
+"""The per-document record's field (generative tasks) holding the generated text's token ids."""
+
+
+def _add_generated_ids(samples: dict[str, list[dict]], cfg: AccuracyConfig) -> None:
+    """Each generative record gets the token ids of its raw generation (`resps`, before any filter), by the
+    checkpoint's own tokenizer, the same for the offline and the served backend: what the length rule and
+    the greedy departure position are counted in (eval/paired.py). The text is tokenized again, so a
+    model that could tokenize its output another way is counted by the canonical tokenization."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint, trust_remote_code=cfg.trust_remote_code)
+    for rows in samples.values():
+        for row in rows:
+            text = row["resps"][0][0]
+            row[GENERATED_IDS] = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def generated(folder: Path, result: AccuracyResult, task: str) -> dict[tuple[str, Any], list[int]]:
+    """(task, doc_id) -> the generated token ids of a generative task (a group's pooled); empty where the
+    task does not generate or its records predate them."""
+    out: dict[tuple[str, Any], list[int]] = {}
+    for leaf in leaves(task, result.groups):
+        with _samples(folder, leaf).open() as f:
+            for line in f:
+                row = json.loads(line)
+                if GENERATED_IDS in row:
+                    out.setdefault((leaf, row["doc_id"]), row[GENERATED_IDS])
+    return out
 
 
 def _backend(backend: str, device: str) -> str:

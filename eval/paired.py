@@ -8,11 +8,12 @@ is held to are the caller's to say: a model card's gate policy gives both (pipel
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.accuracy import AccuracyResult, Metric, document_metrics, documents
-from eval.stats import Comparison, Rule, compare, is_likelihood
+from eval.accuracy import AccuracyResult, Metric, document_metrics, documents, generated
+from eval.stats import Comparison, LengthBand, Rule, compare, is_likelihood, length_band
 
 PREFERRED_METRICS = ("bits_per_byte", "acc_norm", "acc", "exact_match")
 """The metric a task is summed up by, and judged by unless the card names one: the first it reports."""
@@ -98,3 +99,64 @@ def paired(
         m.name, base_v, build_v, higher_is_better=m.higher_is_better, rule=rule, threshold=bound,
         confidence=bootstrap.confidence, iters=bootstrap.resamples, seed=bootstrap.seed,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Departures:
+    """Where greedy outputs first depart from the baseline's, per document, in generated tokens (0: the
+    first token differs); None where the two outputs are the same tokens. An early departure on many
+    documents shows before any metric moves."""
+
+    positions: list[int | None]
+
+    @property
+    def identical(self) -> int:
+        return sum(p is None for p in self.positions)
+
+    @property
+    def median(self) -> float | None:
+        """Median position among the documents that depart (None: none departs)."""
+        departed = [p for p in self.positions if p is not None]
+        return float(statistics.median(departed)) if departed else None
+
+    def text(self) -> str:
+        n, same = len(self.positions), self.identical
+        where = f"median departure at token {self.median:g}" if self.median is not None else "none departs"
+        return f"{where}, {same} of {n} outputs identical"
+
+
+def departure(base: list[int], build: list[int]) -> int | None:
+    """The first token position where `build` differs from `base`; None where they are the same tokens
+    (one output a prefix of the other departs where the shorter ends)."""
+    for i, (a, b) in enumerate(zip(base, build, strict=False)):
+        if a != b:
+            return i
+    return None if len(base) == len(build) else min(len(base), len(build))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A generative task, build against baseline: output length and greedy agreement."""
+
+    length: LengthBand
+    departures: Departures
+
+
+def generation(
+    task: str, base: Scored, build: Scored, *, band: float, bootstrap: Bootstrap, subset: bool = False
+) -> Generation | None:
+    """Output lengths (generated tokens) and departures of a generative task on the same documents; None
+    where the task does not generate. KeyError where the two were not scored on the same documents."""
+    base_ids, build_ids = generated(base.folder, base.result, task), generated(build.folder, build.result, task)
+    if not base_ids:
+        return None
+    if subset and build_ids.keys() <= base_ids.keys():
+        base_ids = {d: base_ids[d] for d in build_ids}
+    if base_ids.keys() != build_ids.keys():
+        raise KeyError(task)
+    docs = sorted(base_ids, key=str)
+    lengths = length_band(
+        [len(base_ids[d]) for d in docs], [len(build_ids[d]) for d in docs], band=band,
+        confidence=bootstrap.confidence, iters=bootstrap.resamples, seed=bootstrap.seed,
+    )  # fmt: skip
+    return Generation(lengths, Departures([departure(base_ids[d], build_ids[d]) for d in docs]))

@@ -205,3 +205,41 @@ def samples_to_decide(n: int, point: float, lower: float, upper: float, threshol
         return None
     half = (upper - lower) / 2
     return max(n + 1, math.ceil(n * (half / gap) ** 2))
+
+
+@dataclass(frozen=True)
+class LengthBand:
+    """A generative task's output length, a build against the baseline on the same documents: the ratio of
+    their total generated tokens with its paired interval, held to a band around 1."""
+
+    band: float  # the allowed relative change (0.10: at most 10 % longer or shorter)
+    verdict: Verdict  # PASS: the whole interval inside the band; FAIL: wholly outside; else INCONCLUSIVE
+    n: int
+    baseline: float  # mean generated tokens per document
+    build: float
+    ratio: tuple[float, float, float]  # build / baseline: estimate, lower, upper
+
+
+def length_band(
+    base_lengths: Sequence[float],
+    build_lengths: Sequence[float],
+    *,
+    band: float,
+    confidence: float = 0.95,
+    iters: int = 2000,
+    seed: int = 0,
+) -> LengthBand:
+    """Paired interval on (total build length / total baseline length), judged against [1 - band, 1 + band]:
+    MLPerf's rule for its LLM benchmarks (outputs within 10 % of the reference's length), with the interval
+    every other rule of the gate uses."""
+    if len(base_lengths) != len(build_lengths) or len(base_lengths) == 0:
+        raise ValueError("paired lengths must be non-empty and of equal length")
+    a, b = np.asarray(base_lengths, dtype=float), np.asarray(build_lengths, dtype=float)
+    sa, sb = _replicate_sums([a, b], iters, seed)
+    est, lo, hi = _interval(float(ratio(b.sum(), a.sum())), ratio(sb, sa), confidence)
+    low, high = 1 - band, 1 + band
+    verdict = (
+        Verdict.PASS if low <= lo and hi <= high else Verdict.FAIL if hi < low or lo > high else Verdict.INCONCLUSIVE
+    )
+    return LengthBand(band=band, verdict=verdict, n=len(a), baseline=float(a.mean()), build=float(b.mean()),
+                      ratio=(est, lo, hi))  # fmt: skip

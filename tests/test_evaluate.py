@@ -119,3 +119,11 @@ def test_a_generative_task_runs_greedily_offline_with_per_document_scores(tmp_pa
     assert math.isclose(sum(chrf.values()) / 8, metric.value)
     rows = [json.loads(line) for line in (tmp_path / "samples_refkjv_continue.jsonl").read_text().splitlines()]
     assert all(r["filtered_resps"][0].strip() and "\n" not in r["filtered_resps"][0] for r in rows)  # stops at the line
+    # the generated token ids, what output length and departures are counted in: the raw generation's
+    ids = accuracy.generated(tmp_path, result, "refkjv_continue")
+    assert sorted(ids) == [("refkjv_continue", r["doc_id"]) for r in rows]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "refmodel/ref-lm")
+    assert all(tokenizer.decode(ids[("refkjv_continue", r["doc_id"])]) == r["resps"][0][0] for r in rows)
+    assert all(len(v) > 0 for v in ids.values())

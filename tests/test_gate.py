@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from helpers import env_with, last_json_line, qeval, root_env, same_logits
 
-from eval.accuracy import leaves
+from eval.accuracy import GENERATED_IDS, AccuracyResult, Metric, leaves
+from eval.paired import Scored, generation
 from eval.stats import Verdict, compare
 from pipelines.core.cards import Gate
 from pipelines.core.verdicts import BuildVerdict, Measured
-from pipelines.decision.policy import choose, combine, memory_rule, speed_rule, task_rule
+from pipelines.decision.policy import choose, combine, length_rule, memory_rule, speed_rule, task_rule
 from pipelines.present.charts import pareto
 from pipelines.present.formats import precision_colour
 from quant.execution import Execution
@@ -112,6 +113,33 @@ def test_task_thresholds_and_reasons():
     unsure = compare("acc", [1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], higher_is_better=True, threshold=0.98)
     reason = task_rule("arc", unsure).reason
     assert reason.startswith("arc: acc recovery 1.0000 [") and "documents would decide" in reason
+
+
+def test_length_rule_fails_a_build_whose_outputs_ramble(tmp_path):
+    """A constructed case through the gate's reading path: per-document records with generated token ids,
+    a build whose every output is 40 % longer than the baseline's."""
+    scores = {"gen": [Metric(name="chrf", value=0.5)]}
+    result = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
+                            lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
+    sides = {}
+    for side, extra in (("base", 0), ("long", 4)):
+        folder = tmp_path / side
+        folder.mkdir()
+        rows = [{"doc_id": d, "filter": "none", "chrf": 0.5, GENERATED_IDS: list(range(10 + extra))} for d in range(40)]
+        if side == "long":
+            rows[0][GENERATED_IDS][3] = -1  # departs at token 3 there, at 10 (where the baseline stops) elsewhere
+        (folder / "samples_gen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        sides[side] = Scored(folder, result)
+    g = generation("gen", sides["base"], sides["long"], band=0.10, bootstrap=Gate().bootstrap)
+    assert g.length.ratio == (pytest.approx(1.4), pytest.approx(1.4), pytest.approx(1.4))
+    rule = length_rule(Gate(), "gen", g.length)
+    assert rule.verdict == FAIL and rule.name == "gen length"
+    assert "output length 1.400x the baseline's [1.400, 1.400] (14 vs 10 tokens per document)" in rule.reason
+    assert g.departures.positions == [3] + [10] * 39 and g.departures.identical == 0
+    assert length_rule(Gate(max_length_change=None), "gen", g.length).verdict == NOT_GATED
+    assert generation("gen", sides["base"], sides["base"], band=0.1, bootstrap=Gate().bootstrap).length.verdict == PASS
+    (tmp_path / "base" / "samples_ll.jsonl").write_text(json.dumps({"doc_id": 0, "acc": 1.0}) + "\n")
+    assert generation("ll", sides["base"], sides["base"], band=0.1, bootstrap=Gate().bootstrap) is None
 
 
 def test_group_tasks_pool_their_subtasks():

@@ -141,6 +141,7 @@ def test_a_generative_task_runs_greedily_through_vllm_as_offline(tmp_path):
     scores a build) and offline, on the same documents: the served generations stop at the line's end, are
     scored per document, and are mostly the offline ones, word for word (both greedy, in one dtype; a
     prompt off by one token would make every one differ)."""
+    import eval.paired
     from eval import accuracy
     from pipelines.core.procs import running
     from pipelines.stages import engines
@@ -155,7 +156,7 @@ def test_a_generative_task_runs_greedily_through_vllm_as_offline(tmp_path):
     )  # fmt: skip
     for side in ("offline", "served"):
         (tmp_path / side).mkdir()
-    accuracy.evaluate_accuracy(offline, tmp_path / "offline")
+    off_result = accuracy.evaluate_accuracy(offline, tmp_path / "offline")
     vllm = engines.find_vllm()
     assert vllm is not None, "make engine"
     cmd, env = engines.vllm_command(vllm.python, ckpt, vllm_settings(card, "bf16", ckpt, Device("cpu")), False)
@@ -175,3 +176,7 @@ def test_a_generative_task_runs_greedily_through_vllm_as_offline(tmp_path):
     assert all(t.strip() and "\n" not in t for t in served_text.values())
     same = sum(served_text[d] == offline_text[d] for d in served_text)
     assert same >= 6, (same, served_text, offline_text)
+    # the paired reading the gate and the serve stage use: served against offline, in generated tokens
+    both = [eval.paired.Scored(tmp_path / side, r) for side, r in (("offline", off_result), ("served", result))]
+    g = eval.paired.generation("refkjv_continue", *both, band=0.1, bootstrap=card.gate.bootstrap)
+    assert g.departures.identical == same and g.length.n == 8

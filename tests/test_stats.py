@@ -1,9 +1,11 @@
 import math
 import random
 
+import numpy as np
 import pytest
 
-from eval.stats import aggregate, compare, doc_terms, mcnemar_exact, samples_to_decide
+from eval.paired import Departures, departure
+from eval.stats import Verdict, aggregate, compare, doc_terms, length_band, mcnemar_exact, samples_to_decide
 
 
 def test_mcnemar_exact_by_hand():
@@ -84,3 +86,33 @@ def test_samples_to_decide_scales_with_the_square_of_the_interval():
     assert samples_to_decide(100, point=1.0, lower=0.96, upper=1.04, threshold=0.98) == 400
     assert samples_to_decide(100, point=0.98, lower=0.9, upper=1.0, threshold=0.98) is None
     assert samples_to_decide(100, point=1.0, lower=0.999, upper=1.001, threshold=0.98) == 101
+
+
+def test_length_band_holds_output_length_to_the_baselines():
+    rng = np.random.default_rng(0)
+    base = rng.integers(10, 30, size=300).astype(float)
+    same = length_band(base, base + rng.integers(-1, 2, size=300), band=0.10)
+    assert same.verdict == Verdict.PASS and 0.9 < same.ratio[1] <= same.ratio[2] < 1.1
+    rambles = length_band(base, base * 1.3, band=0.10)  # every output 30 % longer: beyond the band
+    assert rambles.verdict == Verdict.FAIL and rambles.ratio[0] == pytest.approx(1.3)
+    assert rambles.build == pytest.approx(1.3 * rambles.baseline)
+    terse = length_band(base, np.ceil(base * 0.5), band=0.10)
+    assert terse.verdict == Verdict.FAIL and terse.ratio[2] < 0.9
+    # 10 % longer on average over few, noisy documents: the interval straddles the band's edge
+    few = rng.integers(5, 40, size=12).astype(float)
+    edge = length_band(few, few * 1.1 + rng.normal(0, 4, size=12), band=0.10)
+    assert edge.verdict == Verdict.INCONCLUSIVE and edge.ratio[1] < 1.1 < edge.ratio[2]
+    with pytest.raises(ValueError):
+        length_band([1.0], [1.0, 2.0], band=0.1)
+
+
+def test_departure_is_the_first_token_that_differs():
+    assert departure([5, 6, 7], [5, 6, 7]) is None
+    assert departure([5, 6, 7], [9, 6, 7]) == 0
+    assert departure([5, 6, 7], [5, 6, 8, 9]) == 2
+    assert departure([5, 6, 7], [5, 6]) == 2  # stops early: departs where it stopped
+    assert departure([5], [5, 6]) == 1
+    d = Departures([None, 0, 4, 2, None, 9])
+    assert d.identical == 2 and d.median == 3.0
+    assert d.text() == "median departure at token 3, 2 of 6 outputs identical"
+    assert Departures([None, None]).median is None and "none departs" in Departures([None]).text()

@@ -217,6 +217,8 @@ class Gate(_Strict):
     task_metric: dict[str, str] = Field(
         {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
     )
+    max_length_change: float | None = Field(0.10, gt=0, lt=1, description="generative tasks: total output length "
+                                            "within this fraction of the baseline's (MLPerf's 10 %)")  # fmt: skip
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
     bootstrap_resamples: PositiveInt = Field(2000, description="resamples of the documents per paired bootstrap")
     bootstrap_seed: int = Field(0, description="seed of the paired bootstrap")

@@ -205,6 +205,7 @@ class ServedVsOffline(Record):
     served: float
     difference: tuple[float, float, float] = Field(description="served - offline: estimate, lower, upper")
     confidence: float
+    identical: int | None = Field(None, description="generative tasks: served outputs token for token the offline")
 
     @property
     def differs(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
+from eval.paired import Generation
 from eval.stats import Comparison, Verdict
 from pipelines.core.cards import Gate
 from pipelines.core.errors import QevalError
@@ -83,6 +84,9 @@ class BuildVerdict(Record):
     speed: Measured
     speedup: float | None
     vs_ship: dict[str, Comparison] = Field({}, description="per task, against the shipped build (gate --against ship)")
+    generation: dict[str, Generation] = Field(
+        {}, description="per generative task: output length against the baseline's, and where outputs depart"
+    )
 
     @property
     def reasons(self) -> list[str]:

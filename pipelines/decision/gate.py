@@ -2,9 +2,11 @@
 
 Per build and task, a paired comparison with the baseline on the same documents (eval/paired.py)
 gives an interval on recovery (or on the perplexity increase) and a verdict: PASS, FAIL or
-INCONCLUSIVE. The speed rule compares the policy's speed figure with the baseline's; the memory rule
-compares peak memory with the budget (policy.py). A build passes only when every rule passes; among
-passing builds the policy's preference picks the one that ships.
+INCONCLUSIVE. A generative task's output length is held within a band around the baseline's (the length
+rule), and where greedy outputs first depart from the baseline's is recorded. The speed rule compares the
+policy's speed figure with the baseline's; the memory rule compares peak memory with the budget
+(policy.py). A build passes only when every rule passes; among passing builds the policy's preference
+picks the one that ships.
 
 With `against="ship"` every build is also compared with the build that alias `ship` points at, on its
 per-document records from MLflow, with the same statistics and thresholds: a rebuild worse than what is
@@ -34,12 +36,13 @@ from pipelines.core.results import Evaluated, Quantized
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured, write_decision
 from pipelines.core.weights import checkpoint_for
-from pipelines.decision.inputs import fits, measured, paired_with, task_comparisons
+from pipelines.decision.inputs import fits, generations, measured, paired_with, task_comparisons
 from pipelines.decision.policy import (
     choose,
     combine,
     cost_rule,
     fit_rule,
+    length_rule,
     memory_rule,
     speed_label,
     speed_rule,
@@ -68,7 +71,9 @@ def judge(
     tasks: dict[str, Comparison] = task_comparisons(card, precision)
     vs_ship = paired_with(card, precision, shipped[1]) if shipped else {}
     build, weight_bytes = measured(card, precision)
+    generated = generations(card, precision)
     rules = [task_rule(t, c) for t, c in tasks.items()]
+    rules += [length_rule(policy, t, g.length) for t, g in generated.items()]
     rules += [vs_ship_rule(shipped[0], t, c) for t, c in vs_ship.items()] if shipped else []
     fast, up = speed_rule(policy, build, baseline, baseline_bytes / weight_bytes)
     rules += [fast, memory_rule(policy, build)]
@@ -78,7 +83,7 @@ def judge(
         rules.append(fit_rule(fits(card, precision)))
     return BuildVerdict(
         precision=precision, verdict=combine([r.verdict for r in rules]), rules=rules, tasks=tasks, speed=build,
-        speedup=up, vs_ship=vs_ship,
+        speedup=up, vs_ship=vs_ship, generation=generated,
     )  # fmt: skip
 
 

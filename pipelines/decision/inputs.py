@@ -6,7 +6,7 @@ memory figures the policy (policy.py) judges. Every missing or mismatched input 
 
 from __future__ import annotations
 
-from eval.paired import Scored, paired
+from eval.paired import Generation, Scored, generation, paired
 from eval.serving import LevelMetrics
 from eval.sizing import Fit
 from eval.stats import Comparison
@@ -111,4 +111,21 @@ def paired_with(
         except ValueError as e:
             chosen = " (gate.task_metric in the card)" if task in gate.task_metric else ""
             raise QevalError(f"gate: {e}{chosen}") from None
+    return out
+
+
+def generations(card: ModelCard, precision: str) -> dict[str, Generation]:
+    """Every generative task of the card, the build against the baseline: output length and departures."""
+    base, (build, _) = evaluation(card, card.gate.baseline), evaluation(card, precision)
+    band = card.gate.max_length_change or 0.10  # shown at MLPerf's band where the policy does not gate it
+    out = {}
+    for task in card.accuracy.tasks:
+        try:
+            found = generation(task, base[0], build, band=band, bootstrap=card.gate.bootstrap)
+        except KeyError:
+            raise QevalError(
+                f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate"
+            ) from None
+        if found is not None:
+            out[task] = found
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from eval import speed as speed_math
 from eval.sizing import Fit
-from eval.stats import Comparison, Verdict
+from eval.stats import Comparison, LengthBand, Verdict
 from pipelines.core.cards import Gate, ModelCard
 from pipelines.core.verdicts import BuildVerdict, Measured, Rule
 from quant.execution import Execution
@@ -38,6 +38,17 @@ def task_rule(task: str, c: Comparison) -> Rule:
         more = f"; about {c.n_to_decide} documents would decide it" if c.n_to_decide else ""
         text += f" over {c.n} documents{more}"
     return Rule(task, c.verdict, f"{text}: {c.verdict}")
+
+
+def length_rule(policy: Gate, task: str, length: LengthBand) -> Rule:
+    """A generative task's output length against the baseline's, within the policy's band."""
+    est, lo, hi = length.ratio
+    text = (f"{task}: output length {est:.3f}x the baseline's [{lo:.3f}, {hi:.3f}] "
+            f"({length.build:.3g} vs {length.baseline:.3g} tokens per document)")  # fmt: skip
+    name = f"{task} length"
+    if policy.max_length_change is None:
+        return Rule(name, Verdict.NOT_GATED, f"{text}: not gated (max_length_change: null)")
+    return Rule(name, length.verdict, f"{text} vs band ±{length.band:.0%}: {length.verdict}")
 
 
 def speed_rule(policy: Gate, build: Measured, baseline: Measured, byte_ratio: float) -> tuple[Rule, float | None]:

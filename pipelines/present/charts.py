@@ -289,6 +289,28 @@ def memory(card: ModelCard, decision: Decision):
     return fig
 
 
+def agreement(card: ModelCard, decision: Decision, task: str):
+    """Share of the task's documents whose greedy output still matches the baseline's, token by token, per
+    build: a curve that drops early means many outputs depart early, before any score need move."""
+    fig, ax = _subplots(figsize=(8, 4.5))
+    found = [(b.precision, b.generation[task]) for b in decision.builds if task in b.generation]
+    steps = range(max([1] + [p + 1 for _, g in found for p in g.departures.positions if p is not None]) + 1)
+    for precision, g in found:
+        positions, n = g.departures.positions, len(g.departures.positions)
+        ax.step(list(steps), [sum(p is None or p > t for p in positions) / n for t in steps], where="post",
+                color=formats.precision_colour(precision), label=f"{precision} ({g.departures.text()})")  # fmt: skip
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("generated token")
+    ax.set_ylabel(f"share of outputs still equal to {decision.policy.baseline}'s")
+    ax.set_title(f"{card.name} {task}: where greedy outputs depart from the baseline's", fontsize=11)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="lower left")
+    fig.text(0.01, 0.01, "greedy decoding, offline (transformers), the same documents for every build; tokens by "
+             "the model's tokenizer", fontsize=8, color=_GREY)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
 def close(figures) -> None:
     for fig in figures:
         plt.close(fig)

@@ -23,6 +23,7 @@ from pipelines.core.verdicts import Decision
 from pipelines.present import capacity, charts, formats, shapes, shipcard
 from pipelines.present.tables import (
     fits_section,
+    generation_section,
     policy_text,
     served_section,
     short_table,
@@ -102,6 +103,7 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
     lines += ["", "## Every figure per build", "", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for i in range(len(cols["build"])):
         lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
+    lines += generation_section(decision)
     lines += fits_section(card)
     lines += capacity.section(card, tab)
     lines += ["", "## Reasons", ""]
@@ -156,6 +158,8 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     if any(result_of(card.name, p, Benched) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
+    for task in dict.fromkeys(t for b in decision.builds for t in b.generation):
+        figures[f"agreement_{task}.png"] = charts.agreement(card, decision, task)
     if tab := capacity.table(card, decision):  # once: the section, the chart, the MLflow table, the ship card
         how = f"{tab.load}, scenario {tab.scenario}: the capacity and cost table's priced cells"
         if points := _cost_points(tab):

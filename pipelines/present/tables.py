@@ -111,6 +111,8 @@ def policy_text(decision: Decision) -> str:
     if g.max_ppl_increase is not None:
         parts.append(f"perplexity tasks: perplexity up by at most {g.max_ppl_increase:.2%}")
     speed = f"at least {g.min_speedup:g}x" if g.min_speedup is not None else "not gated"
+    if g.max_length_change is not None:
+        parts.append(f"generative tasks: output length within ±{g.max_length_change:.0%} of the baseline's")
     parts.append(f"speed-up in {decision.speed_axis}: {speed}")
     parts.append(f"memory budget: {f'{g.memory_budget_gb:g} GB' if g.memory_budget_gb else 'none'}")
     if g.max_cost_per_mtok is not None:
@@ -146,8 +148,10 @@ def served_section(card: ModelCard) -> list[str]:
             continue
         for task, c in served.accuracy.vs_offline.items():
             est, lo, hi = c.difference
+            same = ("**differs**" if c.differs else "same") + (
+                "" if c.identical is None else f"; {c.identical} of {c.n} outputs identical")  # fmt: skip
             rows.append(f"| {p} | {task} | {c.metric} | {c.n} | {c.offline:.5g} | {c.served:.5g} | "
-                        f"{est:+.2g} [{lo:+.2g}, {hi:+.2g}] | {'**differs**' if c.differs else 'same'} |")  # fmt: skip
+                        f"{est:+.2g} [{lo:+.2g}, {hi:+.2g}] | {same} |")  # fmt: skip
             if c.differs:
                 found.append(f"{p} {task}")
     if not rows:
@@ -162,6 +166,38 @@ def served_section(card: ModelCard) -> list[str]:
         "",
         "| build | task | metric | documents | offline | served | served - offline [interval] | |",
         "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def generation_section(decision: Decision) -> list[str]:
+    """Per generative task and build: the gating score's recovery, the output length against the baseline's,
+    and where greedy outputs first depart from the baseline's (quartiles of the documents that depart)."""
+    rows = []
+    for b in decision.builds:
+        for task, g in b.generation.items():
+            c, (est, lo, hi) = b.tasks.get(task), g.length.ratio
+            score = f"{c.metric} {c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}]" if c else ""
+            departed = sorted(p for p in g.departures.positions if p is not None)
+            quartiles = (
+                "/".join(f"{departed[int(q * (len(departed) - 1))]}" for q in (0.25, 0.5, 0.75)) if departed else "-"
+            )
+            rows.append(f"| {b.precision} | {task} | {score} | {est:.3f} [{lo:.3f}, {hi:.3f}] {g.length.verdict} | "
+                        f"{g.length.build:.3g} vs {g.length.baseline:.3g} | {quartiles} | "
+                        f"{g.departures.identical} of {len(g.departures.positions)} |")  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "",
+        "## Generated text against the baseline's, same documents (greedy)",
+        "",
+        "Length: total generated tokens over the baseline's, paired interval (the length rule holds it within the "
+        "policy's band). Departure: the first generated token that differs from the baseline's output, as "
+        "quartiles over the documents that depart; an early departure on many documents shows before a score moves.",
+        "",
+        "| build | task | recovery [interval] | length ratio [interval] | tokens per document | "
+        "departure at token (25/50/75 %) | identical outputs |",
+        "|---|---|---|---|---|---|---|",
         *rows,
     ]
 

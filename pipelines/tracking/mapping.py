@@ -48,7 +48,9 @@ from pipelines.tracking.tables import (
     ENGINE_SETTINGS,
     EVAL_PARAMS,
     EVAL_SETTINGS,
+    GATE_GENERATION,
     GATE_METRICS,
+    GATE_TASK,
     LOAD_SETTINGS,
     QUANTIZE_METRICS,
     QUANTIZE_PARAMS,
@@ -186,7 +188,17 @@ def _served(result: Served) -> dict[str, float]:
 def verdict_metrics(build: BuildVerdict) -> dict[str, float]:
     """A build's headline figures under the gate (`gate/*`), for the runs table: four significant digits,
     which is what a table cell shows whole (gate.json and the `eval/*` metrics keep every digit)."""
-    return {k: float(f"{v:.4g}") for k, v in _finite(_numbers(GATE_METRICS, build)).items()}
+    figures = _numbers(GATE_METRICS, build) | generation_metrics(build)
+    return {k: float(f"{v:.4g}") for k, v in _finite(figures).items()}
+
+
+def generation_metrics(build: BuildVerdict) -> dict[str, float]:
+    """Per generative task (`gate/<task>/*`): output length over the baseline's with its interval, where
+    greedy outputs depart from the baseline's, and the share that never do."""
+    out: dict[str, float] = {}
+    for task, g in build.generation.items():
+        out |= {GATE_TASK.format(task=task) + k: v for k, v in _numbers(GATE_GENERATION, g).items()}
+    return out
 
 
 def baseline_metrics(baseline: Measured) -> dict[str, float]:

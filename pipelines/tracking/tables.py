@@ -139,6 +139,15 @@ GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
     "cost/measured": lambda b: float(b.speed.cost.measured) if b.speed.cost else None,  # 1 measured, 0 projected
 }
 
+GATE_TASK = "gate/{task}/"
+GATE_GENERATION: dict[str, Getter] = {  # GATE_TASK + name, per generative task, from its `Generation`
+    "length_ratio": lambda g: g.length.ratio[0],  # its total output tokens over the baseline's
+    "length_ratio_lower": lambda g: g.length.ratio[1],
+    "length_ratio_upper": lambda g: g.length.ratio[2],
+    "departure_median": lambda g: g.departures.median,  # among the outputs that depart from the baseline's
+    "identical_share": lambda g: g.departures.identical / len(g.departures.positions),
+}
+
 # Params: every setting that changes a result. Each table maps a field of the stage's config to its
 # param; NOT_SETTINGS names the fields that are not settings (tests/test_tracking.py checks coverage).
 QUANTIZE_SETTINGS = {
@@ -297,7 +306,7 @@ NAMES: dict[str, list[str]] = {
         *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SCENARIO_METRICS),
         *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC, SERVED_METRIC)), "eval/<task>/<metric>_stderr",
         *(_templated(SERVED_DIFF).replace("<bound>", b) for b in ("", "_lower", "_upper")),
-        *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
+        *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES), *(_templated(GATE_TASK + n) for n in GATE_GENERATION),
     ],
     "series": [*BENCH_SERIES, *SERVE_SERIES, *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SERIES)],
     "params": sorted({
