@@ -77,17 +77,24 @@ def paired(
     bootstrap: Bootstrap,
     metric: str | None = None,
     subset: bool = False,
+    control: str | None = None,
 ) -> Comparison:
     """One task's judging metric, `build` against `base` on the same documents.
 
     `metric`: the one chosen for the task (None: the preferred). `subset`: `build` scored the first
-    documents of `base`'s set and is compared on those. Raises FileNotFoundError where a per-document record
-    is missing, KeyError where the two were not scored on the same documents, ValueError where the task has
-    no such metric.
+    documents of `base`'s set and is compared on those. `control`: a task of the same items without what
+    `task` probes; then each document's value is its gain over the control's (a log-likelihood's, for a
+    perplexity-type metric), and recovery is the build's total gain over the baseline's. Raises
+    FileNotFoundError where a per-document record is missing, KeyError where the two were not scored on the
+    same documents, ValueError where the task has no such metric.
     """
     m = gating_metric(task, document_metrics(base.folder, base.result, task), metric)
     base_docs = documents(base.folder, base.result, task, m)
     build_docs = documents(build.folder, build.result, task, m)
+    name, higher = m.name, m.higher_is_better
+    if control is not None:
+        name = f"{'log-likelihood' if is_likelihood(list(base_docs.values())) else m.name} gain over {control}"
+        base_docs, build_docs, higher = _gains(base, control, m, base_docs), _gains(build, control, m, build_docs), True
     if subset and build_docs.keys() <= base_docs.keys():
         base_docs = {d: base_docs[d] for d in build_docs}
     if base_docs.keys() != build_docs.keys() or not base_docs:
@@ -96,9 +103,20 @@ def paired(
     base_v, build_v = [base_docs[d] for d in docs], [build_docs[d] for d in docs]
     rule, bound = threshold.rule(is_likelihood(base_v))
     return compare(
-        m.name, base_v, build_v, higher_is_better=m.higher_is_better, rule=rule, threshold=bound,
+        name, base_v, build_v, higher_is_better=higher, rule=rule, threshold=bound,
         confidence=bootstrap.confidence, iters=bootstrap.resamples, seed=bootstrap.seed,
     )  # fmt: skip
+
+
+def _gains(side: Scored, control: str, m: Metric, docs: dict) -> dict:
+    """Per document, its value's gain over the control's on the same item (by document id): for a
+    perplexity-type metric the difference of the log-likelihoods (nats), else of the scores, signed so that
+    more is better."""
+    ctl = {d: v for (_, d), v in documents(side.folder, side.result, control, m).items()}
+    if {d for _, d in docs} != ctl.keys():
+        raise KeyError(control)
+    sign = 1 if m.higher_is_better else -1
+    return {(t, d): v[0] - ctl[d][0] if isinstance(v, tuple) else sign * (v - ctl[d]) for (t, d), v in docs.items()}
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import env_with, last_json_line, qeval, root_env, same_logits
 
 from eval.accuracy import GENERATED_IDS, AccuracyResult, Metric, leaves
-from eval.paired import Scored, generation
+from eval.paired import Scored, generation, paired
 from eval.stats import Verdict, compare
 from pipelines.core.cards import Gate
 from pipelines.core.verdicts import BuildVerdict, Measured
@@ -140,6 +141,39 @@ def test_length_rule_fails_a_build_whose_outputs_ramble(tmp_path):
     assert generation("gen", sides["base"], sides["base"], band=0.1, bootstrap=Gate().bootstrap).length.verdict == PASS
     (tmp_path / "base" / "samples_ll.jsonl").write_text(json.dumps({"doc_id": 0, "acc": 1.0}) + "\n")
     assert generation("ll", sides["base"], sides["base"], band=0.1, bootstrap=Gate().bootstrap) is None
+
+
+def test_a_task_with_a_control_is_judged_by_its_gain_over_it(tmp_path):
+    """Per document, the probe's log-likelihood less its control's on the same item: a build that keeps the
+    control's score but loses most of what the probe adds fails, though its raw score moved by about 1 %."""
+    scores = {t: [Metric(name="bits_per_byte", value=1.0, higher_is_better=False)] for t in ("probe", "ctl")}
+    result = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
+                            lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
+    rng = np.random.default_rng(1)
+    control = -70 + rng.normal(0, 5, 100)
+    gain = 0.8 + rng.normal(0, 0.3, 100)
+    sides = {}
+    for side, kept in (("base", 1.0), ("lossy", 0.2)):
+        (folder := tmp_path / side).mkdir()
+        for task, ll in (("ctl", control), ("probe", control + kept * gain)):
+            rows = [{"doc_id": d, "bits_per_byte": [float(v), 60]} for d, v in enumerate(ll)]
+            (folder / f"samples_{task}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        sides[side] = Scored(folder, result)
+    raw = paired(
+        "probe", sides["base"], sides["lossy"], threshold=Gate().threshold("probe"), bootstrap=Gate().bootstrap
+    )
+    assert raw.recovery[0] > 0.98  # the raw score hardly moves
+    c = paired("probe", sides["base"], sides["lossy"], threshold=Gate().threshold("probe"),
+               bootstrap=Gate().bootstrap, control="ctl")  # fmt: skip
+    assert c.metric == "log-likelihood gain over ctl" and c.verdict == FAIL
+    assert c.recovery[0] == pytest.approx(0.2) and c.n == 100
+    same = paired("probe", sides["base"], sides["base"], threshold=Gate().threshold("probe"),
+                  bootstrap=Gate().bootstrap, control="ctl")  # fmt: skip
+    assert same.recovery == (1.0, 1.0, 1.0) and same.verdict == PASS
+    (tmp_path / "base" / "samples_ctl.jsonl").write_text(json.dumps({"doc_id": 0, "bits_per_byte": [1.0, 1]}) + "\n")
+    with pytest.raises(KeyError):  # the control is not the same items
+        paired("probe", sides["base"], sides["lossy"], threshold=Gate().threshold("probe"), bootstrap=Gate().bootstrap,
+               control="ctl")  # fmt: skip
 
 
 def test_group_tasks_pool_their_subtasks():

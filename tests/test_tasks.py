@@ -32,6 +32,12 @@ def test_generator_reproduces_the_committed_files(tmp_path):
         "continue.jsonl": make_tasks._write(
             tmp_path / "c.jsonl", make_tasks.continue_items(chapters, random.Random(make_tasks.SEED + 2))
         ),
+        "needle.jsonl": make_tasks._write(
+            tmp_path / "h.jsonl", make_tasks.needle_items(chapters, random.Random(make_tasks.SEED + 3))
+        ),
+        "needle_control.jsonl": make_tasks._write(
+            tmp_path / "k.jsonl", make_tasks.needle_items(chapters, random.Random(make_tasks.SEED + 3), needle=False)
+        ),
     }
     assert made == json.loads((TASKS / "digests.json").read_text())
 
@@ -58,6 +64,30 @@ def test_continuations_are_the_rest_of_a_held_out_verse():
         assert 3 <= len(r["target"].split()) <= make_tasks.CONTINUE_MAX_WORDS
 
 
+def test_a_needle_opens_a_full_context_and_its_control_lacks_only_it():
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(make_tasks.TOKENIZER))
+    verses = {v for c in corpus.read_jsonl(corpus.HELDOUT_FILE) for v in c.text.split("\n")}
+    needles = [json.loads(line) for line in (TASKS / "needle.jsonl").read_text().splitlines()]
+    controls = [json.loads(line) for line in (TASKS / "needle_control.jsonl").read_text().splitlines()]
+    assert len(needles) == len(controls) == make_tasks.NEEDLE_ITEMS
+    for n, c in zip(needles, controls, strict=True):
+        needle, *hay, start = n["context"].split("\n")
+        assert needle == start + n["target"] and needle in verses  # the question is the needle's start
+        assert c == {"context": "\n".join([*hay, start]), "target": n["target"]}  # the same, without the needle
+        assert needle not in hay and len(hay) >= 5
+        tokens = len(tokenizer.encode(n["context"], add_special_tokens=False).ids)
+        # far back (the needle is most of the context away), and room left for the target in 512 positions
+        assert 350 <= tokens <= make_tasks.NEEDLE_PROMPT_TOKENS
+
+
+def test_the_needle_scores_bits_per_byte_of_its_rest():
+    from eval.tasks.refkjv.utils import needle_results
+
+    assert needle_results({"target": " and the waters"}, [(-12.5, False)]) == {"bits_per_byte": (-12.5, 15)}
+
+
 def test_a_continuation_scores_exact_match_and_chrf_per_document():
     from eval.tasks.refkjv.utils import process_results
 
@@ -72,4 +102,6 @@ def test_the_task_folders_scoring_code_is_part_of_its_identity():
     from eval.accuracy import task_files
 
     names = [p.name for p in task_files(TASKS, REPO)]
-    assert {"refkjv_continue.yaml", "continue.jsonl", "utils.py"} <= set(names)  # editing the scoring reruns
+    assert {"refkjv_continue.yaml", "continue.jsonl", "needle_control.jsonl", "utils.py"} <= set(
+        names
+    )  # editing the scoring reruns

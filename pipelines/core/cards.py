@@ -217,6 +217,8 @@ class Gate(_Strict):
     task_metric: dict[str, str] = Field(
         {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
     )
+    controls: dict[str, str] = Field({}, description="a task judged by its gain over another (its control: the same "
+                                     "items without what it probes), document by document")  # fmt: skip
     max_length_change: float | None = Field(0.10, gt=0, lt=1, description="generative tasks: total output length "
                                             "within this fraction of the baseline's (MLPerf's 10 %)")  # fmt: skip
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
@@ -288,12 +290,10 @@ class ModelCard(_Strict):
         served = set(self.server.served_tasks or []) - set(self.accuracy.tasks)
         if served:
             raise ValueError(f"server.served_tasks: {sorted(served)} are not among accuracy.tasks")
-        unknown = set(self.gate.task_min_recovery) - set(self.accuracy.tasks)
-        if unknown:
-            raise ValueError(f"gate.task_min_recovery names tasks not in accuracy.tasks: {sorted(unknown)}")
-        unknown = set(self.gate.task_metric) - set(self.accuracy.tasks)
-        if unknown:
-            raise ValueError(f"gate.task_metric names tasks not in accuracy.tasks: {sorted(unknown)}")
+        for key in ("task_min_recovery", "task_metric", "controls"):
+            named = getattr(self.gate, key)
+            if unknown := {*named, *(named.values() if key == "controls" else ())} - set(self.accuracy.tasks):
+                raise ValueError(f"gate.{key} names tasks not in accuracy.tasks: {sorted(unknown)}")
         for gpu in [*self.target_gpus, *self.gate.must_fit]:
             get_gpu(gpu)
         if self.gate.speed_users is not None and self.gate.speed_users not in self.speed.concurrency:

@@ -103,7 +103,7 @@ def paired_with(
     for task in card.accuracy.tasks:
         try:
             out[task] = paired(task, other[0], build, threshold=gate.threshold(task), bootstrap=gate.bootstrap,
-                               metric=gate.task_metric.get(task))  # fmt: skip
+                               metric=gate.task_metric.get(task), control=gate.controls.get(task))  # fmt: skip
         except FileNotFoundError as e:
             raise QevalError(f"gate: {e}; rerun: qeval evaluate --force") from None
         except KeyError:

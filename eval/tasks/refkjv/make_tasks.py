@@ -1,16 +1,22 @@
-"""Make the reference model's multiple-choice and generative tasks from its held-out chapters (deterministic).
+"""Make the reference model's lm-eval tasks from its held-out chapters (deterministic).
 
     .venv/bin/python -m eval.tasks.refkjv.make_tasks
 
-Writes next_verse.jsonl, last_word.jsonl and continue.jsonl beside this file and prints their sha256 (also
-kept in digests.json, which the tests check). All draw only on refmodel/data/heldout.jsonl, which the model
-never saw. The multiple-choice tasks have four choices each, so chance is 25%.
+Writes next_verse.jsonl, last_word.jsonl, continue.jsonl, needle.jsonl and needle_control.jsonl beside this
+file and prints their sha256 (also kept in digests.json, which the tests check). All draw only on
+refmodel/data/heldout.jsonl, which the model never saw. The multiple-choice tasks have four choices each, so
+chance is 25%.
 - refkjv_next_verse: up to three verses, then which of four verses follows them (three are verses
   of about the same length from other chapters).
 - refkjv_last_word: a verse without its last word, then which of four words ends it (the distractors
   are last words of other held-out verses, so every choice is a plausible verse ending).
 - refkjv_continue: a verse and the first words of the next, then the rest of that verse, generated
   greedily (lm-eval's generate_until) and scored against the real text: where quantization shows first.
+- refkjv_needle: a long-context probe. A verse (the needle) opens a context filled with verses of other
+  chapters to NEEDLE_PROMPT_TOKENS of the model's 512 positions, which ends with the needle's first words;
+  scored by the log-likelihood of the needle's rest. refkjv_needle_control is the same items without the
+  needle: what a model scores without retrieving anything; the gain over it is what retrieval from the
+  start of the context (through every position of the KV cache) is worth.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ CONTEXT_VERSES = 3
 SEED = 20261130
 CONTINUE_ITEMS = 300  # greedy generation costs a forward per token: a sample of the verse pairs
 CONTINUE_MAX_WORDS = 24  # continuations the task's max_gen_toks (64) holds whole
+NEEDLE_ITEMS = 100
+NEEDLE_PROMPT_TOKENS = 440  # with the 64 tokens the task may generate, the context's 512 positions all but filled
+TOKENIZER = HERE.parents[2] / "refmodel" / "ref-lm" / "tokenizer.json"
 
 
 def _write(path: Path, rows: list[dict]) -> str:
@@ -87,12 +96,46 @@ def continue_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[d
     return [items[i] for i in keep]  # in text order
 
 
+def needle_items(chapters: list[corpus.Chapter], rng: random.Random, needle: bool = True) -> list[dict]:
+    """The needle: a verse of one chapter whose rest (after its first third) is 3-24 words; the haystack:
+    verses of the other chapters, in text order from a random place, added while the prompt stays within
+    NEEDLE_PROMPT_TOKENS of ref-lm's tokenizer (lm-eval would cut a longer one from the left: the needle
+    first). `needle=False`: the same haystack and question without the needle."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
+    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)  # noqa: E731
+    candidates = [
+        (ci, verse) for ci, c in enumerate(chapters) for verse in c.text.split("\n")
+        if 3 <= len(verse.split(" ")) - max(2, len(verse.split(" ")) // 3) <= CONTINUE_MAX_WORDS
+    ]  # fmt: skip
+    items = []
+    for ci, verse in sorted(rng.sample(candidates, NEEDLE_ITEMS)):
+        words = verse.split(" ")
+        shown = max(2, len(words) // 3)
+        start, rest = " ".join(words[:shown]), " ".join(words[shown:])
+        others = [v for cj, c in enumerate(chapters) if cj != ci for v in c.text.split("\n")]
+        at = rng.randrange(len(others))
+        hay: list[str] = []
+        for v in others[at:] + others[:at]:
+            if count("\n".join([verse, *hay, v, start])) > NEEDLE_PROMPT_TOKENS:
+                break
+            hay.append(v)
+        context = "\n".join(([verse] if needle else []) + hay + [start])
+        items.append({"context": context, "target": " " + rest})
+    return items
+
+
 def main() -> None:
     chapters = corpus.read_jsonl(corpus.HELDOUT_FILE)
     digests = {
         "next_verse.jsonl": _write(HERE / "next_verse.jsonl", next_verse_items(chapters, random.Random(SEED))),
         "last_word.jsonl": _write(HERE / "last_word.jsonl", last_word_items(chapters, random.Random(SEED + 1))),
         "continue.jsonl": _write(HERE / "continue.jsonl", continue_items(chapters, random.Random(SEED + 2))),
+        "needle.jsonl": _write(HERE / "needle.jsonl", needle_items(chapters, random.Random(SEED + 3))),
+        "needle_control.jsonl": _write(
+            HERE / "needle_control.jsonl", needle_items(chapters, random.Random(SEED + 3), needle=False)
+        ),
     }
     (HERE / "digests.json").write_text(json.dumps(digests, indent=2) + "\n")
     print(json.dumps(digests, indent=2))

@@ -1,4 +1,4 @@
-"""Per-document scores of refkjv_continue (lm-eval loads this file by the task YAML's `!function`)."""
+"""Per-document scores of refkjv_continue and refkjv_needle (lm-eval loads this file by the task YAMLs' `!function`)."""
 
 from __future__ import annotations
 
@@ -14,3 +14,10 @@ def process_results(doc: dict, results: list[str]) -> dict[str, float]:
         "exact_match": float(generated == target),
         "chrf": sacrebleu.sentence_chrf(generated, [target]).score / 100,
     }
+
+
+def needle_results(doc: dict, results: list[tuple[float, bool]]) -> dict[str, tuple[float, int]]:
+    """bits_per_byte of the needle's rest: its log-likelihood and its length in bytes, the pair lm-eval's
+    `bits_per_byte` aggregation sums over documents (as for its rolling perplexity tasks)."""
+    loglikelihood, _ = results[0]
+    return {"bits_per_byte": (loglikelihood, len(doc["target"].encode("utf-8")))}
