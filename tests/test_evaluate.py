@@ -20,7 +20,9 @@ from pipelines.tracking.mlflow_tracker import MlflowTracker
 from pipelines.tracking.store import tracking_uri
 
 pytestmark = pytest.mark.slow
-TASKS = ("refkjv_ppl", "refkjv_next_verse", "refkjv_last_word")
+TASKS = (
+    "refkjv_ppl", "refkjv_next_verse", "refkjv_last_word", "refkjv_continue", "refkjv_needle", "refkjv_needle_control",
+)  # fmt: skip
 
 
 @pytest.fixture

@@ -215,7 +215,8 @@ def test_gate_ships_a_build_and_registers_it(own_root):
     card, tracker = load_card("ref-small"), MlflowTracker("ref-small")
     assert {evaluate(card, p, tracker).status for p in card.precisions} == {"skipped"}
     # a lenient policy: every quantized build of the same model passes on a handful of documents
-    _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, prefer="memory", bootstrap_seed=7)
+    _with_policy(own_root, baseline="bf16", min_recovery=0.5, max_length_change=None, min_speedup=None,
+                 prefer="memory", bootstrap_seed=7)  # fmt: skip
     done = _gate_cli(own_root, "gate", "--model", "ref-small", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     decision = last_json_line(done.stdout)["gate"]
@@ -273,7 +274,7 @@ def test_gate_ships_a_build_and_registers_it(own_root):
     assert regated["against"]["version"] == str(version.version)
     assert regated["against"]["precision"] == decision["chosen"]
     for b in regated["builds"]:
-        assert set(b["vs_ship"]) == {"refkjv_ppl", "refkjv_next_verse", "refkjv_last_word"}
+        assert set(b["vs_ship"]) == set(load_card("ref-small").accuracy.tasks)
         assert any(r["name"] == f"refkjv_ppl vs ship v{version.version} ({decision['chosen']})" for r in b["rules"])
     itself = next(b for b in regated["builds"] if b["precision"] == decision["chosen"])
     assert all(c["recovery"] == [1.0, 1.0, 1.0] for c in itself["vs_ship"].values())  # the same documents, scores

@@ -31,6 +31,7 @@ def test_run_does_every_stage_then_skips_them(own_root):
     names = sorted(Path(p).name for p in doc["report"])
     assert ("ship_card.md" in names) == (doc["gate"]["chosen"] is not None)
     assert [n for n in names if n != "ship_card.md"] == [
+        "agreement_refkjv_continue.png",
         "latency_vs_users.png",
         "memory.png",
         "quality_vs_cost.png",
@@ -45,6 +46,14 @@ def test_run_does_every_stage_then_skips_them(own_root):
     capacity = report.split("## Capacity and cost: 64 concurrent users at peak, scenario default")[1]
     assert "| build | verdict | worst recovery | cpu | h100-sxm | l4 | crossover |" in capacity
     assert "(measured)" in capacity and "(projected)" in capacity and "per 1M output tokens" in capacity
+    # the generative task: output length and greedy departures per build; the needle judged by its gain
+    generated = report.split("## Generated text against the baseline's, same documents (greedy)")[1]
+    assert all(f"| {b} | refkjv_continue | chrf " in generated for b in ("fp8", "int8", "awq", "gptq"))
+    for b in doc["gate"]["builds"]:
+        g = b["generation"]["refkjv_continue"]
+        assert g["length"]["n"] == 6 and len(g["departures"]["positions"]) == 6
+        assert any(r["name"] == "refkjv_continue length" for r in b["rules"])
+        assert b["tasks"]["refkjv_needle"]["metric"] == "log-likelihood gain over refkjv_needle_control"
     precisions = ["bf16", "fp8", "int8", "awq", "gptq"]
     assert [(s["stage"], s["precision"]) for s in stages] == [
         (stage, p) for stage in ("quantize", "evaluate", "bench", "size", "serve") for p in precisions
@@ -66,7 +75,11 @@ def test_run_does_every_stage_then_skips_them(own_root):
         if r["engine"] != "vllm":  # served accuracy needs vLLM's prompt log-probabilities, and says so
             assert r["accuracy"] is None and r["not_run"].startswith("served accuracy"), p
             continue
-        assert set(r["accuracy"]["vs_offline"]) == {"refkjv_ppl", "refkjv_next_verse", "refkjv_last_word"}, p
+        assert set(r["accuracy"]["vs_offline"]) == {
+            "refkjv_ppl", "refkjv_next_verse", "refkjv_last_word", "refkjv_continue", "refkjv_needle",
+            "refkjv_needle_control",
+        }, p  # fmt: skip
+        assert isinstance(r["accuracy"]["vs_offline"]["refkjv_continue"]["identical"], int), p
         assert all(abs(c["served"] - c["offline"]) < 0.2 for c in r["accuracy"]["vs_offline"].values()), p
     if chosen := doc["gate"]["chosen"]:  # its ship card, read back from the store, says what the gate decided
         shown = qeval("card", "--model", "ref-small", env=env, timeout=120)

@@ -138,7 +138,10 @@ def team(tmp_path_factory) -> Iterator[dict]:
 def _card(folder: Path) -> Path:
     """ref-small (tests/conftest.py) with three builds, and a lenient policy so that one ships and can be pulled."""
     text = small_card_text().replace("precisions: [bf16, fp8, int8, awq, gptq]", "precisions: [bf16, int8, fp8]")
-    text = text[: text.index("gate:")] + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n  min_speedup: null\n"
+    text = (
+        text[: text.index("gate:")]
+        + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n  max_length_change: null\n  min_speedup: null\n"
+    )
     cards = folder / "cards"
     cards.mkdir(parents=True)
     (cards / "ref-small.yaml").write_text(text)
