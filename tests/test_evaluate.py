@@ -129,3 +129,24 @@ def test_a_generative_task_runs_greedily_offline_with_per_document_scores(tmp_pa
     tokenizer = AutoTokenizer.from_pretrained(REPO / "refmodel/ref-lm")
     assert all(tokenizer.decode(ids[("refkjv_continue", r["doc_id"])]) == r["resps"][0][0] for r in rows)
     assert all(len(v) > 0 for v in ids.values())
+
+
+def test_an_emulated_fp8_kv_cache_moves_long_context_scores_a_little(tmp_path):
+    """kv_cache_dtype fp8 rounds every key and value through FP8 before attention reads them: on the needle's
+    long contexts ref-lm's per-document log-likelihoods all move, by little (a lost causal mask or a broken
+    attention would move them by nats)."""
+    cfg = accuracy.AccuracyConfig(
+        checkpoint=str(REPO / "refmodel/ref-lm"), tasks=["refkjv_needle"], include_path=str(REPO / "eval/tasks/refkjv"),
+        num_fewshot=0, limit=4, batch_size=4, seed=0, dtype="float32",
+    )  # fmt: skip
+    got = {}
+    for kv in ("auto", "fp8"):
+        (tmp_path / kv).mkdir()
+        result = accuracy.evaluate_accuracy(cfg.model_copy(update={"kv_cache_dtype": kv}), tmp_path / kv)
+        metric = next(m for m in result.scores["refkjv_needle"] if m.name == "bits_per_byte")
+        got[kv] = {d: v[0] for d, v in accuracy.documents(tmp_path / kv, result, "refkjv_needle", metric).items()}
+    assert got["auto"].keys() == got["fp8"].keys() and len(got["auto"]) == 4
+    moved = [abs(got["fp8"][d] - ll) / abs(ll) for d, ll in got["auto"].items()]  # relative to the log-likelihood
+    assert all(m > 0 for m in moved) and max(moved) < 0.05
+    with pytest.raises(ValueError, match="needs the hf backend"):
+        accuracy.evaluate_accuracy(cfg.model_copy(update={"kv_cache_dtype": "fp8", "backend": "vllm"}), tmp_path)

@@ -78,7 +78,10 @@ def test_pull_delivers_only_the_bytes_the_gate_judged(own_root, tmp_path):
 
     path = own_root / "cards" / "ref-small.yaml"  # a lenient policy, so that a build ships
     text = path.read_text()
-    path.write_text(text[: text.index("gate:")] + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n  min_speedup: null\n")
+    path.write_text(
+        text[: text.index("gate:")] + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n  max_length_change: null\n"
+        "  min_speedup: null\n"
+    )
     card = load_card("ref-small")
     tracker = MemoryTracker(card.name)
     decision = gate(card, tracker)  # the gate logs the checkpoint and its record where the run has neither

@@ -168,6 +168,7 @@ EVAL_SETTINGS = {
     "device": "eval.device",
     "dtype": "eval.dtype",
     "softmax_dtype": "eval.softmax_dtype",
+    "kv_cache_dtype": "eval.kv_cache_dtype",
     "bootstrap_iters": "eval.bootstrap_iters",
     "trust_remote_code": "eval.trust_remote_code",
     "backend": "eval.backend",
