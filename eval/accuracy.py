@@ -17,6 +17,7 @@ import math
 import os
 import resource
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,12 +123,12 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         "dtype": cfg.dtype,
         "trust_remote_code": cfg.trust_remote_code,
     }
+    if cfg.kv_cache_dtype != "auto" and backend != "hf":
+        raise ValueError(f"an emulated {cfg.kv_cache_dtype} KV cache needs the hf backend, not {backend}")
     if backend == "hf":
         model_args |= {"device": device, "softmax_dtype": cfg.softmax_dtype, "use_safetensors": True}  # never a pickle
         if cfg.kv_cache_dtype == "fp8":
             model_args["attn_implementation"] = _fp8_kv_attention()
-    elif cfg.kv_cache_dtype != "auto":
-        raise ValueError(f"an emulated {cfg.kv_cache_dtype} KV cache needs the hf backend, not {backend}")
     elif backend == "vllm":
         model_args |= {"tensor_parallel_size": cfg.tensor_parallel}
     elif backend == "local-completions":
@@ -193,12 +194,9 @@ def generated(folder: Path, result: AccuracyResult, task: str) -> dict[tuple[str
     """(task, doc_id) -> the generated token ids of a generative task (a group's pooled); empty where the
     task does not generate or its records predate them."""
     out: dict[tuple[str, Any], list[int]] = {}
-    for leaf in leaves(task, result.groups):
-        with _samples(folder, leaf).open() as f:
-            for line in f:
-                row = json.loads(line)
-                if GENERATED_IDS in row:
-                    out.setdefault((leaf, row["doc_id"]), row[GENERATED_IDS])
+    for leaf, row in _records(folder, result, task):
+        if GENERATED_IDS in row:
+            out.setdefault((leaf, row["doc_id"]), row[GENERATED_IDS])
     return out
 
 
@@ -357,14 +355,19 @@ def documents(folder: Path, result: AccuracyResult, task: str, metric: Metric) -
     perplexity-type metrics. A group's documents are pooled, which weighs each subtask by its size as
     lm-eval's groups do."""
     out = {}
+    for leaf, row in _records(folder, result, task):
+        if row.get("filter", metric.filter) == metric.filter and metric.name in row:
+            value = row[metric.name]
+            out[(leaf, row["doc_id"])] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def _records(folder: Path, result: AccuracyResult, task: str) -> Iterator[tuple[str, dict]]:
+    """(leaf task, per-document record) for `task`, a group's subtasks in turn."""
     for leaf in leaves(task, result.groups):
         with _samples(folder, leaf).open() as f:
             for line in f:
-                row = json.loads(line)
-                if row.get("filter", metric.filter) == metric.filter and metric.name in row:
-                    value = row[metric.name]
-                    out[(leaf, row["doc_id"])] = tuple(value) if isinstance(value, list) else value
-    return out
+                yield leaf, json.loads(line)
 
 
 def task_files(include: Path, root: Path) -> list[Path]:

@@ -132,10 +132,17 @@ class Departures:
         return sum(p is None for p in self.positions)
 
     @property
-    def median(self) -> float | None:
-        """Median position among the documents that depart (None: none departs)."""
+    def quartiles(self) -> tuple[float, float, float] | None:
+        """Quartiles of the position among the documents that depart (None: none departs)."""
         departed = [p for p in self.positions if p is not None]
-        return float(statistics.median(departed)) if departed else None
+        if not departed:
+            return None
+        q1, q2, q3 = statistics.quantiles(departed, n=4, method="inclusive") if len(departed) > 1 else [departed[0]] * 3
+        return float(q1), float(q2), float(q3)
+
+    @property
+    def median(self) -> float | None:
+        return self.quartiles[1] if self.quartiles else None
 
     def text(self) -> str:
         n, same = len(self.positions), self.identical
@@ -160,11 +167,9 @@ class Generation:
     departures: Departures
 
 
-def generation(
-    task: str, base: Scored, build: Scored, *, band: float, bootstrap: Bootstrap, subset: bool = False
-) -> Generation | None:
-    """Output lengths (generated tokens) and departures of a generative task on the same documents; None
-    where the task does not generate. KeyError where the two were not scored on the same documents."""
+def _outputs(task: str, base: Scored, build: Scored, subset: bool) -> list[tuple[list[int], list[int]]] | None:
+    """(baseline's, build's) generated token ids per document, in one order; None where the task does not
+    generate. KeyError where the two were not scored on the same documents."""
     base_ids, build_ids = generated(base.folder, base.result, task), generated(build.folder, build.result, task)
     if not base_ids:
         return None
@@ -172,9 +177,26 @@ def generation(
         base_ids = {d: base_ids[d] for d in build_ids}
     if base_ids.keys() != build_ids.keys():
         raise KeyError(task)
-    docs = sorted(base_ids, key=str)
+    return [(base_ids[d], build_ids[d]) for d in sorted(base_ids, key=str)]
+
+
+def agreement(task: str, base: Scored, build: Scored, *, subset: bool = False) -> Departures | None:
+    """Where a generative task's outputs depart from `base`'s, document by document (None: it does not
+    generate)."""
+    pairs = _outputs(task, base, build, subset)
+    return None if pairs is None else Departures([departure(a, b) for a, b in pairs])
+
+
+def generation(
+    task: str, base: Scored, build: Scored, *, band: float, bootstrap: Bootstrap, subset: bool = False
+) -> Generation | None:
+    """Output lengths (generated tokens) and departures of a generative task on the same documents; None
+    where the task does not generate. KeyError where the two were not scored on the same documents."""
+    pairs = _outputs(task, base, build, subset)
+    if pairs is None:
+        return None
     lengths = length_band(
-        [len(base_ids[d]) for d in docs], [len(build_ids[d]) for d in docs], band=band,
+        [len(a) for a, _ in pairs], [len(b) for _, b in pairs], band=band,
         confidence=bootstrap.confidence, iters=bootstrap.resamples, seed=bootstrap.seed,
     )  # fmt: skip
-    return Generation(lengths, Departures([departure(base_ids[d], build_ids[d]) for d in docs]))
+    return Generation(lengths, Departures([departure(a, b) for a, b in pairs]))

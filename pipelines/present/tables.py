@@ -110,9 +110,9 @@ def policy_text(decision: Decision) -> str:
         parts.append("per task: " + ", ".join(f"{t} {v:g}" for t, v in g.task_min_recovery.items()))
     if g.max_ppl_increase is not None:
         parts.append(f"perplexity tasks: perplexity up by at most {g.max_ppl_increase:.2%}")
-    speed = f"at least {g.min_speedup:g}x" if g.min_speedup is not None else "not gated"
     if g.max_length_change is not None:
         parts.append(f"generative tasks: output length within ±{g.max_length_change:.0%} of the baseline's")
+    speed = f"at least {g.min_speedup:g}x" if g.min_speedup is not None else "not gated"
     parts.append(f"speed-up in {decision.speed_axis}: {speed}")
     parts.append(f"memory budget: {f'{g.memory_budget_gb:g} GB' if g.memory_budget_gb else 'none'}")
     if g.max_cost_per_mtok is not None:
@@ -178,10 +178,8 @@ def generation_section(decision: Decision) -> list[str]:
         for task, g in b.generation.items():
             c, (est, lo, hi) = b.tasks.get(task), g.length.ratio
             score = f"{c.metric} {c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}]" if c else ""
-            departed = sorted(p for p in g.departures.positions if p is not None)
-            quartiles = (
-                "/".join(f"{departed[int(q * (len(departed) - 1))]}" for q in (0.25, 0.5, 0.75)) if departed else "-"
-            )
+            q = g.departures.quartiles
+            quartiles = "/".join(f"{v:g}" for v in q) if q else "-"
             rows.append(f"| {b.precision} | {task} | {score} | {est:.3f} [{lo:.3f}, {hi:.3f}] {g.length.verdict} | "
                         f"{g.length.build:.3g} vs {g.length.baseline:.3g} | {quartiles} | "
                         f"{g.departures.identical} of {len(g.departures.positions)} |")  # fmt: skip

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 import eval.accuracy as accuracy
-from eval.paired import Scored, generation, paired
+from eval.paired import Scored, agreement, paired
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
 from pipelines.core.errors import QevalError
@@ -90,10 +90,10 @@ def against_offline(
         try:
             c = paired(task, offline_side, served_side, threshold=gate.threshold(task), bootstrap=gate.bootstrap,
                        metric=gate.task_metric.get(task), subset=True)  # fmt: skip
-            g = generation(task, offline_side, served_side, band=0.1, bootstrap=gate.bootstrap, subset=True)
+            departs = agreement(task, offline_side, served_side, subset=True)
         except (FileNotFoundError, KeyError, ValueError) as e:
             raise QevalError(f"{card.name}@{precision} served accuracy of {task}: {e}; rerun with --force") from None
-        same = g.departures.identical if g else None
+        same = departs.identical if departs else None
         vs[task] = ServedVsOffline(metric=c.metric, n=c.n, offline=c.baseline, served=c.build, difference=c.difference,
                                    confidence=gate.confidence, identical=same)  # fmt: skip
         est, lo, hi = c.difference
