@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eval.kvcache import fp8_kv_attention
 from quant.registry import suggest
 
 
@@ -47,8 +48,9 @@ class AccuracyConfig(BaseModel):
     )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         "auto",
-        description="hf backend: fp8 emulates an FP8 (E4M3) KV cache, keys and values rounded through "
-        "float8_e4m3fn at scale 1 (as vLLM stores them without calibrated scales) before attention reads them",
+        description="fp8: an FP8 (E4M3) KV cache: vLLM's own on the vllm backend; emulated on the hf backend, keys "
+        "and values rounded through float8_e4m3fn at scale 1 (as vLLM stores them without calibrated scales) "
+        "before attention reads them (eval/kvcache.py)",
     )
     bootstrap_iters: int = Field(1000, ge=0, description="lm-eval's bootstrap resamples for metric stderrs")
     trust_remote_code: bool = False
@@ -123,14 +125,14 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         "dtype": cfg.dtype,
         "trust_remote_code": cfg.trust_remote_code,
     }
-    if cfg.kv_cache_dtype != "auto" and backend != "hf":
-        raise ValueError(f"an emulated {cfg.kv_cache_dtype} KV cache needs the hf backend, not {backend}")
+    if cfg.kv_cache_dtype != "auto" and backend == "local-completions":
+        raise ValueError(f"a {cfg.kv_cache_dtype} KV cache is the server's to keep, not local-completions'")
     if backend == "hf":
         model_args |= {"device": device, "softmax_dtype": cfg.softmax_dtype, "use_safetensors": True}  # never a pickle
         if cfg.kv_cache_dtype == "fp8":
-            model_args["attn_implementation"] = _fp8_kv_attention()
-    elif backend == "vllm":
-        model_args |= {"tensor_parallel_size": cfg.tensor_parallel}
+            model_args["attn_implementation"] = fp8_kv_attention()
+    elif backend == "vllm":  # its own FP8 KV cache (lm-eval passes the rest of model_args to vllm.LLM)
+        model_args |= {"tensor_parallel_size": cfg.tensor_parallel, "kv_cache_dtype": cfg.kv_cache_dtype}
     elif backend == "local-completions":
         model_args = _served_args(cfg)
     out = lm_eval.simple_evaluate(
@@ -198,32 +200,6 @@ def generated(folder: Path, result: AccuracyResult, task: str) -> dict[tuple[str
         if GENERATED_IDS in row:
             out.setdefault((leaf, row["doc_id"]), row[GENERATED_IDS])
     return out
-
-
-FP8_KV_ATTENTION = "qeval_fp8_kv_sdpa"
-FP8_E4M3_MAX = 448.0
-
-
-def _fp8_kv_attention() -> str:
-    """Register, in this process, transformers' SDPA attention reading keys and values stored in FP8: each
-    rounded through float8_e4m3fn, saturating at ±448 as vLLM's conversion does, at scale 1 (vLLM's default
-    without calibrated scales). Keys are rounded after RoPE, as vLLM caches them, and every position is
-    read back rounded, the current one too, as vLLM's paged attention reads them from its cache. Emulated:
-    the arithmetic of a real FP8 cache, not its speed. Returns the attn_implementation name."""
-    import torch
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    def stored(t: torch.Tensor) -> torch.Tensor:
-        return t.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).to(t.dtype)
-
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        return sdpa_attention_forward(module, query, stored(key), stored(value), attention_mask, **kwargs)
-
-    AttentionInterface.register(FP8_KV_ATTENTION, attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(FP8_KV_ATTENTION, sdpa_mask)  # the causal mask SDPA gets
-    return FP8_KV_ATTENTION
 
 
 def _backend(backend: str, device: str) -> str:

@@ -22,11 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from eval import speed
 from eval.gpus import peak_bandwidth
+from eval.kvcache import fp8_kv_attention
 from eval.sizing import Shape
 from quant.execution import CPU, DEQUANTIZED, Device, Execution, execution
 
@@ -45,6 +47,11 @@ class EngineConfig(BaseModel):
     device: str = Field("auto", description="auto: cuda where available, else cpu")
     dtype: str = "bfloat16"
     compile: bool | None = Field(None, description="static KV cache + torch.compile; None: on CUDA only")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto",
+        description="fp8: keys and values rounded through FP8 before attention reads them (eval/kvcache.py; "
+        "emulated: its arithmetic's cost, not a real FP8 cache's speed)",
+    )
     bandwidth_gb_s: float | None = Field(None, description="peak memory bandwidth; None: GPU table or measured")
     trust_remote_code: bool = False
     seed: int = 0
@@ -161,13 +168,15 @@ def _load(cfg: EngineConfig, device: str):
 
     dtype = getattr(torch, cfg.dtype)
     tokenizer = None
+    attention = {"attn_implementation": fp8_kv_attention()} if cfg.kv_cache_dtype == "fp8" else {}
     if cfg.no_weights:
         config = AutoConfig.from_pretrained(cfg.checkpoint, trust_remote_code=cfg.trust_remote_code)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=cfg.trust_remote_code,
+                                                     **attention)  # fmt: skip
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.checkpoint, dtype=dtype, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
+            cfg.checkpoint, dtype=dtype, trust_remote_code=cfg.trust_remote_code, use_safetensors=True, **attention
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
     return model.eval(), tokenizer
@@ -314,7 +323,7 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
         device_name=torch.cuda.get_device_name()
         if cuda
         else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()}",
-        engine=f"transformers generate, {engine}",
+        engine=f"transformers generate, {engine}" + (", FP8 KV cache emulated" if cfg.kv_cache_dtype == "fp8" else ""),
         compile_error=compile_error,
         dtype=cfg.dtype,
         execution=execution(cfg.precision, where, DEQUANTIZED),

@@ -105,7 +105,7 @@ class Assumptions:
     utilization: float = 0.9  # fraction of GPU memory the server may use (vLLM's default)
     runtime_reserve_gib: float = 1.0  # CUDA context, libraries, graphs
     prefill_tokens: int = 2048  # tokens per prefill chunk (activation workspace)
-    kv_dtype_bytes: int = 2  # 1 where the card serves an FP8 KV cache (server.kv_cache_dtype)
+    kv_dtype_bytes: int = 2  # 1 where the build is served with an FP8 KV cache (pipelines/stages/size.py)
     mbu: float = 1.0  # fraction of peak bandwidth decode reaches (1.0: the ceiling)
     mfu: float = 1.0  # fraction of peak FLOP/s prefill reaches (1.0: the floor)
 

@@ -5,8 +5,10 @@ stages in order on whichever node Ray picks, in that node's own artifacts/ cache
 to the tracking server, whose URI (and credentials, never printed) the driver passes down. A quantized
 build's evaluate and bench compare with the baseline's: before them, the task waits until the
 baseline's task has finished that stage in this fan-out (a small actor holds the milestones), then reads
-it from the tracking store (pipelines/tracking/readback.py). A task that fails returns its error and leaves the others
-running; the driver gates and reports the builds that finished once every task has ended.
+it from the tracking store (pipelines/tracking/readback.py). A KV-cache variant (`int8+kv-fp8`) serves its
+precision's checkpoint, which stays on the node that built it: its chain runs in that precision's task, after
+it. A task that fails returns its error and leaves the others running; the driver gates and reports the
+builds that finished once every task has ended.
 
 A task asks Ray for one GPU where the card names target GPUs and the cluster has GPUs, else for
 `cpus` CPUs (Ray sets the task's OMP_NUM_THREADS to match, and qeval's child processes inherit it).
@@ -29,6 +31,7 @@ from pipelines.core.manifests import StageRecord
 from pipelines.core.progress import duration, every_s
 from pipelines.core.registry import STAGES
 from pipelines.tracking.readback import fetch_stage
+from quant.precisions import get_precision
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,26 @@ def _milestones_actor(ray):
                 return None if stage in self.reached else self.error
 
     return Milestones
+
+
+def tasks_of(builds: list[str]) -> dict[str, list[str]]:
+    """Per Ray task (named by its first build), the builds it runs in turn: a precision, then its KV-cache
+    variants, which need its checkpoint on their node."""
+    tasks: dict[str, list[str]] = {}
+    for p in builds:
+        tasks.setdefault(get_precision(p).shares or p, []).append(p)
+    return tasks
+
+
+def chains(card: ModelCard, precisions: list[str], stages: list[str], force: bool, env: dict[str, str],
+           milestones) -> list[ChainOutcome]:  # fmt: skip
+    """Builds' chains in turn, in one Ray worker; once one fails, the rest (its variants) are not started."""
+    outcomes = [chain(card, precisions[0], stages, force, env, milestones)]
+    for p in precisions[1:]:
+        failed = outcomes[0].error
+        outcomes.append(ChainOutcome(p, error=f"{precisions[0]} failed: {failed}") if failed else
+                        chain(card, p, stages, force, env, milestones))  # fmt: skip
+    return outcomes
 
 
 def chain(
@@ -148,12 +171,12 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
         log.info("Ray cluster %s: %s; one task per build, each asking for %s", address,
                  _resources(ray.cluster_resources()), _resources(need))  # fmt: skip
         milestones = _milestones_actor(ray).remote()
-        task = ray.remote(chain)
+        task = ray.remote(chains)
         pending = {  # the baseline first: Ray starts tasks in the order they were submitted
-            task.options(name=f"{card.name}@{p}", max_retries=0, **need).remote(
-                card, p, stages, force, env, milestones
-            ): p
-            for p in builds
+            task.options(name=f"{card.name}@{'+'.join(ps) if len(ps) > 1 else p}", max_retries=0, **need).remote(
+                card, ps, stages, force, env, milestones
+            ): ps
+            for p, ps in tasks_of(builds).items()
         }
         try:
             return _collect(ray, card, pending, builds)
@@ -178,18 +201,25 @@ def _collect(ray, card: ModelCard, pending: dict, builds: list[str]) -> list[Cha
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=every_s())
         for ref in ready:
-            precision = pending.pop(ref)
+            precisions = pending.pop(ref)
             try:
-                outcome = ray.get(ref)
+                outcomes = ray.get(ref)
             except Exception as e:  # the worker died (out of memory, node lost)
-                outcome = ChainOutcome(precision, error=f"the Ray task died: {str(e).splitlines()[0][:300]}")
-            done[precision] = outcome
-            if outcome.error:
-                log.error("%s@%s: failed after %s: %s", card.name, precision, duration(outcome.seconds), outcome.error)
-            else:
-                log.info("%s@%s: %d stages done in %s on %s", card.name, precision, len(outcome.records),
-                         duration(outcome.seconds), outcome.node)  # fmt: skip
+                died = f"the Ray task died: {str(e).splitlines()[0][:300]}"
+                outcomes = [ChainOutcome(p, error=died) for p in precisions]
+            for outcome in outcomes:
+                done[outcome.precision] = outcome
+                _said(card, outcome)
         if pending and not ready:
-            running = ", ".join(sorted(pending.values()))
+            running = ", ".join(sorted(p for ps in pending.values() for p in ps))
             log.info("%s: %s not finished on Ray, %s elapsed", card.name, running, duration(time.perf_counter() - t0))
     return [done[p] for p in builds]
+
+
+def _said(card: ModelCard, outcome: ChainOutcome) -> None:
+    p = outcome.precision
+    if outcome.error:
+        log.error("%s@%s: failed after %s: %s", card.name, p, duration(outcome.seconds), outcome.error)
+    else:
+        log.info("%s@%s: %d stages done in %s on %s", card.name, p, len(outcome.records), duration(outcome.seconds),
+                 outcome.node)  # fmt: skip

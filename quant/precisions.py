@@ -4,13 +4,14 @@ An entry says how the precision is built (its llm-compressor recipe, whether it 
 what the saved checkpoint must declare (compressed-tensors format, weight bits), how many bytes a
 quantized weight takes for a group size, and how each GPU generation runs it. The quantize stage,
 the checkpoint proof, sizing and the GPU catalog all read it from here; how a device runs it is
-quant/execution.py's, from the capabilities below.
+quant/execution.py's, from the capabilities below. A KV-cache variant (`int8+kv-fp8`, get_precision) is a
+precision's entry with another KV-cache dtype: the same checkpoint, served and sized with its own cache.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from quant import recipes
@@ -48,6 +49,10 @@ class Precision:
     """Compute capability from which it runs natively on its own units (None: never, e.g. no 4-bit units)."""
     weight_only_from: Capability | None = None
     """Below native_from, from which capability it runs weight-only (weights upcast in the kernel)."""
+    kv_cache: Literal["auto", "fp8"] = "auto"
+    """The KV cache's dtype it is served with (auto: the card's `server.kv_cache_dtype`)."""
+    shares: str | None = None
+    """A KV-cache variant serves this precision's checkpoint: it builds nothing of its own."""
 
     def describe(self, group_size: int) -> str:
         return self.summary.format(group=group_size)
@@ -121,9 +126,37 @@ PRECISIONS: dict[str, Precision] = {
 }
 
 
+KV_VARIANTS = {"kv-fp8": "fp8"}
+"""`<precision>+<suffix>`: that precision's checkpoint served with this KV-cache dtype (vLLM's
+`--kv-cache-dtype`): its own build, evaluated, served, sized and gated like any other."""
+
+
 def get_precision(name: str) -> Precision:
-    """The registry entry for `name`; a ValueError that lists the known names otherwise."""
-    return lookup(PRECISIONS, name, "precision")
+    """The registry entry for `name` (`int8`, or a KV-cache variant such as `int8+kv-fp8`); a ValueError that
+    lists the known names otherwise."""
+    base, plus, suffix = name.partition("+")
+    p = lookup(PRECISIONS, base, "precision")
+    if not plus:
+        return p
+    kv = lookup(KV_VARIANTS, suffix, f"KV-cache variant of '{base}'")
+    return replace(p, name=name, summary=f"{p.summary}; {kv.upper()} KV cache", needs_calibration=False,
+                   kv_cache=kv, shares=base)  # fmt: skip
+
+
+def variants_problem(names: list[str], baseline: str, served_kv: str) -> str | None:
+    """What is wrong with the KV-cache variants among a card's builds (every name is looked up), or None."""
+    for i, name in enumerate(names):
+        shared = get_precision(name).shares
+        if shared and (shared not in names[:i] or name == baseline or served_kv != "auto"):
+            return (f"precisions: {name} serves {shared}'s checkpoint with its own KV cache: list {shared} before "
+                    f"it, not as gate.baseline, with server.kv_cache_dtype auto")  # fmt: skip
+    return None
+
+
+def kv_cache_dtype(precision: str, served: str) -> str:
+    """The KV cache's dtype a build is served with: its variant's, else `served` (the card's)."""
+    kv = get_precision(precision).kv_cache
+    return served if kv == "auto" else kv
 
 
 def build_recipe(precision: str, opts: recipes.RecipeOptions) -> list | None:

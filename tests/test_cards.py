@@ -24,7 +24,7 @@ def test_shipped_cards_are_valid():
 def test_ref_lm_card_points_at_the_embedded_model():
     card = load_card("ref-lm")
     assert card.source.path == "refmodel/ref-lm" and card.source.trust_remote_code is False
-    assert set(card.precisions) == set(PRECISIONS)
+    assert set(card.precisions) == {*PRECISIONS, "int8+kv-fp8"}
 
 
 def _error(cards, text: str, name: str = "bad") -> str:
@@ -65,6 +65,17 @@ def test_cross_field_rules(cards):
     assert "precisions ['int8', 'awq', 'gptq'] need a 'calibration' section" in _error(cards, no_calib)
     both = base.replace("  path: refmodel/ref-lm", "  path: refmodel/ref-lm\n  hub_id: x/y")
     assert "exactly one of 'path' or 'hub_id'" in _error(cards, both)
+
+
+def test_a_kv_cache_variant_follows_the_build_whose_checkpoint_it_serves(cards):
+    base = REF_CARD.replace("name: ref-lm", "name: bad")
+    early = base.replace("[bf16, fp8, int8, awq, gptq, int8+kv-fp8]", "[bf16, fp8, int8+kv-fp8, int8, awq, gptq]")
+    assert "precisions: int8+kv-fp8 serves int8's checkpoint" in _error(cards, early)
+    assert "not as gate.baseline" in _error(cards, base.replace("[bf16,", "[bf16, bf16+kv-fp8,")
+                                            .replace("baseline: bf16", "baseline: bf16+kv-fp8"))  # fmt: skip
+    card_wide = base.replace("server:\n", "server:\n  kv_cache_dtype: fp8\n", 1)
+    assert "with server.kv_cache_dtype auto" in _error(cards, card_wide)
+    assert "unknown KV-cache variant of 'int8' 'kv-fp4'" in _error(cards, base.replace("int8+kv-fp8", "int8+kv-fp4"))
 
 
 def test_name_must_match_file(cards):

@@ -140,3 +140,25 @@ def test_vllm_runs_4_bit_weights_on_a_cpu_only_with_avx512():
     assert {engines.vllm_cannot_run(p, CPU, avx2, "x86_64") for p in ("bf16", "fp8", "int8")} == {None}
     assert engines.vllm_cannot_run("awq", Device("cuda", (9, 0)), avx2, "x86_64") is None
     assert engines.vllm_cannot_run("awq", CPU, frozenset({"asimd"}), "aarch64") is None  # not this x86 library split
+
+
+def test_a_kv_cache_variant_is_served_with_its_own_kv_cache_dtype():
+    """int8+kv-fp8 serves int8's checkpoint with `--kv-cache-dtype fp8`; its base build with vLLM's default."""
+    card = load_card("ref-lm")
+    ckpt = resolve_weights(card)
+    for precision, kv in (("int8", None), ("int8+kv-fp8", "fp8")):
+        cmd, _ = engines.vllm_command("python", ckpt, vllm_settings(card, precision, ckpt, Device("cpu")), False)
+        assert (cmd[cmd.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in cmd else None) == kv
+
+
+def test_an_fp8_kv_cache_is_served_where_an_engine_can_keep_it():
+    """vLLM's CPU attention keeps an FP8 cache on x86 with AVX-512 only; transformers serve never does; a GPU and
+    the user's own server decide for themselves."""
+    avx2, avx512 = frozenset({"avx2", "fma"}), frozenset({"avx2", "avx512f"})
+    assert "AVX-512" in engines.kv_cannot_serve("fp8", "vllm", CPU, avx2, "x86_64")
+    assert "AVX-512" in engines.kv_cannot_serve("fp8", "vllm", CPU, avx512, "aarch64")
+    assert "compute dtype" in engines.kv_cannot_serve("fp8", "transformers", CPU, avx512, "x86_64")
+    assert engines.kv_cannot_serve("fp8", "vllm", CPU, avx512, "x86_64") is None
+    assert engines.kv_cannot_serve("fp8", "vllm", Device("cuda", (9, 0)), avx2, "x86_64") is None
+    assert engines.kv_cannot_serve("fp8", "external", CPU, avx2, "x86_64") is None
+    assert engines.kv_cannot_serve("auto", "transformers", CPU, avx2, "x86_64") is None

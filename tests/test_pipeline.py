@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import last_json_line, qeval, root_env
 
-from pipelines.stages.engines import vllm_cannot_run
+from pipelines.stages.engines import kv_cannot_serve, vllm_cannot_run
 from quant.execution import CPU
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def test_run_does_every_stage_then_skips_them(own_root):
     stages = doc["stages"]
     # the gate decided (exit 1 exactly when nothing ships) and the report was written
     assert (first.returncode == 0) == (doc["gate"]["chosen"] is not None)
-    assert {b["precision"] for b in doc["gate"]["builds"]} == {"fp8", "int8", "awq", "gptq"}
+    assert {b["precision"] for b in doc["gate"]["builds"]} == {"fp8", "int8", "awq", "gptq", "int8+kv-fp8"}
     assert doc["gate"]["speed_axis"].startswith("goodput")  # judged as served
     names = sorted(Path(p).name for p in doc["report"])
     assert ("ship_card.md" in names) == (doc["gate"]["chosen"] is not None)
@@ -48,13 +48,13 @@ def test_run_does_every_stage_then_skips_them(own_root):
     assert "(measured)" in capacity and "(projected)" in capacity and "per 1M output tokens" in capacity
     # the generative task: output length and greedy departures per build; the needle judged by its gain
     generated = report.split("## Generated text against the baseline's, same documents (greedy)")[1]
-    assert all(f"| {b} | refkjv_continue | chrf " in generated for b in ("fp8", "int8", "awq", "gptq"))
+    assert all(f"| {b} | refkjv_continue | chrf " in generated for b in ("fp8", "int8", "awq", "gptq", "int8+kv-fp8"))
     for b in doc["gate"]["builds"]:
         g = b["generation"]["refkjv_continue"]
         assert g["length"]["n"] == 6 and len(g["departures"]["positions"]) == 6
         assert any(r["name"] == "refkjv_continue length" for r in b["rules"])
         assert b["tasks"]["refkjv_needle"]["metric"] == "log-likelihood gain over refkjv_needle_control"
-    precisions = ["bf16", "fp8", "int8", "awq", "gptq"]
+    precisions = ["bf16", "fp8", "int8", "awq", "gptq", "int8+kv-fp8"]
     assert [(s["stage"], s["precision"]) for s in stages] == [
         (stage, p) for stage in ("quantize", "evaluate", "bench", "size", "serve") for p in precisions
     ]
@@ -64,13 +64,31 @@ def test_run_does_every_stage_then_skips_them(own_root):
     served = {s["precision"]: s["result"] for s in stages if s["stage"] == "serve"}
     # vLLM's 4-bit CPU kernel needs AVX-512: without it the 4-bit builds are served by transformers, dequantized
     fourbit = ("transformers", "emulated") if vllm_cannot_run("awq", CPU) else ("vllm", "weight-only")
+    # the KV-cache variant: int8's checkpoint with vLLM's FP8 KV cache, which its CPU attention keeps with AVX-512
+    unserved = kv_cannot_serve("fp8", "vllm", CPU)
     assert {p: (r["engine"], r["execution"]) for p, r in served.items()} == {
         "bf16": ("vllm", "native"),
         "fp8": ("vllm", "emulated"),
         "int8": ("vllm", "native"),
         "awq": fourbit,
         "gptq": fourbit,
+        "int8+kv-fp8": ("vllm", "unknown" if unserved else "native"),
     }
+    variant = served.pop("int8+kv-fp8")
+    if unserved:  # recorded with the reason, holding no users; nothing swept or scored
+        assert variant["not_run"].startswith(unserved) and variant["per_level"] == {} and variant["accuracy"] is None
+        assert f"- int8+kv-fp8: NOT SERVED: {unserved}" in report
+    else:
+        assert variant["vllm"]["kv_cache_dtype"] == "fp8" and variant["per_level"]
+        served["int8+kv-fp8"] = variant
+    result = {(s["stage"], s["precision"]): s["result"] for s in stages}
+    assert result["quantize", "int8+kv-fp8"]["checkpoint"] == result["quantize", "int8"]["checkpoint"]
+    assert result["evaluate", "int8+kv-fp8"]["config"]["kv_cache_dtype"] == "fp8"
+    assert result["evaluate", "int8"]["config"]["kv_cache_dtype"] == "auto"
+    assert result["bench", "int8+kv-fp8"]["engine"]["engine"].endswith("FP8 KV cache emulated")
+    sized = {p: result["size", p] for p in ("int8", "int8+kv-fp8")}  # the same weights, half the KV cache
+    assert sized["int8+kv-fp8"]["weights_bytes"] == sized["int8"]["weights_bytes"]
+    assert 2 * sized["int8+kv-fp8"]["kv_bytes_per_token"] == sized["int8"]["kv_bytes_per_token"]
     for p, r in served.items():
         if r["engine"] != "vllm":  # served accuracy needs vLLM's prompt log-probabilities, and says so
             assert r["accuracy"] is None and r["not_run"].startswith("served accuracy"), p

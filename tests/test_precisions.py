@@ -13,7 +13,7 @@ from pipelines.core.results import Quantized
 from pipelines.tracking.mapping import logged
 from quant.build import QuantizeConfig
 from quant.execution import CPU, DEQUANTIZED, Device, Execution, compute_dtype, cpu_flags, execution
-from quant.precisions import PRECISIONS, build_recipe, get_precision
+from quant.precisions import PRECISIONS, build_recipe, get_precision, kv_cache_dtype
 from quant.recipes import IGNORE, RecipeOptions
 from quant.verify import check_quantization_config
 
@@ -107,3 +107,25 @@ def test_transformers_computes_in_bf16_only_where_the_hardware_multiplies_it(tmp
 def test_unknown_precision_suggests_the_closest():
     with pytest.raises(ValueError, match=r"unknown precision 'gtpq' \(did you mean 'gptq'\?\); known: bf16"):
         get_precision("gtpq")
+
+
+def test_a_kv_cache_variant_is_its_precision_with_another_kv_cache():
+    """int8+kv-fp8: int8's weights, format and kernels, an FP8 KV cache, and nothing of its own to build."""
+    base, variant = get_precision("int8"), get_precision("int8+kv-fp8")
+    assert (variant.name, variant.kv_cache, variant.shares, variant.needs_calibration) == ("int8+kv-fp8", "fp8",
+                                                                                           "int8", False)  # fmt: skip
+    assert (variant.weight_bits, variant.checkpoint_format, variant.recipe) == (8, "int-quantized", base.recipe)
+    assert variant.describe(128).endswith("; FP8 KV cache")
+    assert (kv_cache_dtype("int8+kv-fp8", "auto"), kv_cache_dtype("int8", "auto"), kv_cache_dtype("int8", "fp8")) == (
+        "fp8", "auto", "fp8")  # fmt: skip
+    with pytest.raises(ValueError, match="unknown precision 'int9'"):
+        get_precision("int9+kv-fp8")
+
+
+def test_a_kv_cache_variant_runs_in_its_precisions_ray_task():
+    """On Ray a variant's chain follows its precision's on the node that holds that checkpoint."""
+    from pipelines.fanout import tasks_of
+
+    assert tasks_of(["bf16", "int8", "fp8", "int8+kv-fp8", "bf16+kv-fp8"]) == {
+        "bf16": ["bf16", "bf16+kv-fp8"], "int8": ["int8", "int8+kv-fp8"], "fp8": ["fp8"],
+    }  # fmt: skip

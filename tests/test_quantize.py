@@ -20,7 +20,7 @@ from pipelines.tracking.mlflow_tracker import MlflowTracker
 from pipelines.tracking.store import tracking_uri
 from quant.build import misaligned_layers
 from quant.calibration import MIN_TOKENS, CalibrationSpec, prepare
-from quant.precisions import PRECISIONS, build_recipe
+from quant.precisions import PRECISIONS, build_recipe, get_precision
 from quant.recipes import GROUP_SIZE, IGNORE, RecipeOptions
 from quant.verify import check_quantization_config, compare_logits
 
@@ -110,6 +110,11 @@ def test_every_precision_builds_a_real_quantized_checkpoint(builds):
         if name == "bf16":
             assert q.proof is None and q.source == "refmodel/ref-lm"
             continue
+        if shared := get_precision(name).shares:  # a KV-cache variant: its precision's checkpoint, built once
+            built = builds[shared].result
+            assert (q.checkpoint, q.files, q.proof, q.shares) == (built.checkpoint, built.files, built.proof, shared)
+            assert not (record.path / "checkpoint").exists() and q.scheme.endswith("; FP8 KV cache")
+            continue
         want = PRECISIONS[name]
         config = json.loads((record.path / "checkpoint" / "config.json").read_text())
         assert check_quantization_config(config, name) == (want.checkpoint_format, want.weight_bits)
@@ -122,7 +127,7 @@ def test_every_precision_builds_a_real_quantized_checkpoint(builds):
         assert 0.5 < q.proof.top1_agreement < 1.0 or name in ("fp8", "int8")
         if want.needs_calibration:
             assert q.build.calibration_samples == 4
-    kl = {p: builds[p].result.proof.kl_vs_baseline for p in builds if p != "bf16"}
+    kl = {p: builds[p].result.proof.kl_vs_baseline for p in PRECISIONS if p != "bf16"}
     assert max(kl["fp8"], kl["int8"]) < min(kl["awq"], kl["gptq"]), kl  # 8 bits stay closer than 4
     assert builds["awq"].result.build.awq_cpu_workaround is not torch.accelerator.is_available()
 
@@ -141,6 +146,10 @@ def test_builds_are_logged_to_mlflow(own_root, builds):
         if name == "bf16":
             continue
         assert run.data.metrics["quant/kl_vs_baseline"] == builds[name].result.proof.kl_vs_baseline
+        if shared := get_precision(name).shares:  # its precision's checkpoint, logged with that one's run
+            assert run.data.params["quant.shares"] == shared
+            assert not client.list_artifacts(record.run_id, "quantize/checkpoint")
+            continue
         assert run.data.params["quant.format"] == PRECISIONS[name].checkpoint_format
         if PRECISIONS[name].needs_calibration:
             assert run.data.params["quant.calibration_samples"] == "4"

@@ -20,7 +20,7 @@ from pipelines.core.registry import FULL_RUN, SPEED_HALF
 from pipelines.stages.engines import vllm_cannot_run
 from pipelines.stages.shape import PROBE_MARGIN, context_for, decode_ceiling, probe_verdict
 from quant.execution import CPU
-from quant.precisions import PRECISIONS
+from quant.precisions import PRECISIONS, get_precision
 from quant.recipes import RecipeOptions
 from quant.shape import quantization_config, write_shape_build
 
@@ -249,10 +249,10 @@ def test_the_speed_half_is_the_stages_that_need_no_weights():
 
 @pytest.mark.integration
 def test_a_shape_builds_quantization_config_is_the_one_a_real_build_saves(builds):
-    for precision, record in builds.items():
-        if PRECISIONS[precision].recipe is None:
+    for precision, record in builds.items():  # a KV-cache variant's: its precision's checkpoint's
+        if get_precision(precision).recipe is None:
             continue
-        saved = json.loads((Path(record.path) / "checkpoint" / "config.json").read_text())["quantization_config"]
+        saved = json.loads((Path(record.result.checkpoint) / "config.json").read_text())["quantization_config"]
         assert quantization_config(precision, OPTS) == saved, precision
 
 

@@ -187,3 +187,17 @@ def test_an_fp8_kv_cache_reaches_the_projection(tmp_path, monkeypatch):
     (half,) = fits_table(fp8, ["bf16"], ["h100-sxm"], **grid, a=assumptions(fp8))
     assert assumptions(fp8).kv_dtype_bytes == 1 and half.kv_gb == pytest.approx(auto.kv_gb / 2)
     assert half.max_sequences > 1.9 * auto.max_sequences
+
+
+def test_a_kv_cache_variant_is_sized_with_one_byte_entries(tmp_path, monkeypatch):
+    """int8+kv-fp8 has int8's weights and half its KV cache: more sequences fit beside the same weights."""
+    from pipelines.core.cards import load_card
+    from pipelines.stages.size import assumptions, fits_table
+
+    card = load_card("llama-3.1-8b-instruct")
+    monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))  # no builds here: weights from the config
+    grid = {"batch": 32, "input_len": 2048, "output_len": 128}
+    base, variant = fits_table(card, ["int8", "int8+kv-fp8"], ["h100-sxm"], **grid, a=assumptions(card))
+    assert (assumptions(card, "int8").kv_dtype_bytes, assumptions(card, "int8+kv-fp8").kv_dtype_bytes) == (2, 1)
+    assert variant.weights_gb == base.weights_gb and variant.kv_gb == pytest.approx(base.kv_gb / 2)
+    assert variant.max_sequences > 1.9 * base.max_sequences

@@ -21,7 +21,7 @@ from pipelines.core.errors import QevalError
 from pipelines.core.paths import cards_dir
 from pipelines.core.traffic import CPU, Traffic
 from quant import recipes
-from quant.precisions import PRECISIONS, get_precision
+from quant.precisions import get_precision, variants_problem
 from quant.registry import suggest
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -183,7 +183,7 @@ class Server(_Strict):
         None, description="vLLM: GPUs a build is split over; null: 1, or what the size stage says it needs"
     )
     pipeline_parallel: PositiveInt = Field(1, description="vLLM: pipeline stages (nodes or GPU groups)")
-    kv_cache_dtype: Literal["auto", "fp8"] = Field("auto", description="vLLM: KV-cache dtype (fp8 on a GPU)")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field("auto", description="vLLM: every build's KV dtype (see +kv-fp8)")
     max_model_len: PositiveInt | None = Field(None, description="vLLM: context per sequence; null: the model's")
     enforce_eager: bool | None = Field(
         None, description="vLLM: no CUDA graphs or compilation; null: on a CPU only (start-up 90 s -> 40 s there)"
@@ -278,13 +278,13 @@ class ModelCard(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelCard:
-        for p in self.precisions:
-            get_precision(p)
+        if problem := variants_problem(self.precisions, self.gate.baseline, self.server.kv_cache_dtype):
+            raise ValueError(problem)
         if len(set(self.precisions)) != len(self.precisions):
             raise ValueError("precisions: a precision is listed twice")
         if self.gate.baseline not in self.precisions:
             raise ValueError(f"gate.baseline '{self.gate.baseline}' is not among precisions")
-        needing = [p for p in self.precisions if PRECISIONS[p].needs_calibration]
+        needing = [p for p in self.precisions if get_precision(p).needs_calibration]
         if needing and self.calibration is None:
             raise ValueError(f"precisions {needing} need a 'calibration' section")
         served = set(self.server.served_tasks or []) - set(self.accuracy.tasks)

@@ -67,11 +67,12 @@ class Quantized(StageResult):
     files: dict[str, str] | None = Field(
         None, description="the checkpoint's files, relative name -> sha256, as built (None: made before they were kept)"
     )
+    shares: str | None = Field(None, description="a KV-cache variant: the build whose checkpoint it serves")
 
     def altered(self, folder: Path) -> str | None:
         """The first checkpoint file that is missing, changed or added since the build (the baseline's weights
-        are checked by their digest in every stage's inputs instead)."""
-        if self.config is None or self.files is None:
+        are checked by their digest in every stage's inputs instead, a variant's with its precision's)."""
+        if self.config is None or self.files is None or self.shares:
             return None
         found = differences(folder / CHECKPOINT_DIR, self.files)
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
@@ -118,8 +119,10 @@ class Evaluated(StageResult):
 
 
 def evaluation_settings(config: AccuracyConfig, task_data_sha256: str | None) -> dict[str, Any]:
-    """An evaluation's settings and task data, the checkpoint aside (paths: their digests stand in)."""
-    settings = config.model_dump(mode="json", exclude={"checkpoint", "include_path"})
+    """An evaluation's settings and task data, what two evaluations compared document by document share: the
+    checkpoint aside (paths: their digests stand in), and the KV cache's dtype, which a KV-cache variant
+    changes against its own precision's evaluation and the baseline's."""
+    settings = config.model_dump(mode="json", exclude={"checkpoint", "include_path", "kv_cache_dtype"})
     return {**settings, "task_data_sha256": task_data_sha256}
 
 

@@ -19,6 +19,7 @@ from pipelines.core.manifests import finished
 from pipelines.core.net import Unreachable, probe
 from pipelines.core.paths import resolve_repo_path
 from pipelines.core.results import Quantized
+from quant.precisions import get_precision
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +168,11 @@ def offline_env(card: ModelCard) -> dict[str, str]:
 
 
 def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
-    """The folder holding a build's weights, and a digest that identifies them."""
+    """The folder holding a build's weights, and a digest that identifies them (a KV-cache variant's are its
+    precision's)."""
     card.require_precision(precision)
+    if shared := get_precision(precision).shares:
+        return checkpoint_for(card, shared)
     if precision == card.gate.baseline:
         folder = resolve_weights(card)
         return folder, weights_identity(card, folder)

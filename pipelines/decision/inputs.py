@@ -32,6 +32,7 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
     if point is None or point.decode_tps_per_user is None or point.peak_mem_bytes is None:
         raise QevalError(f"{where} has no decode speed at batch {b} (out of memory there, or another grid)")
     served = _served(card, precision)
+    swept = served is not None and bool(served.per_level)  # a build not served here has no level to judge
     server_regime = card.gate.speed_regime == "server" and served is not None
     m = Measured(
         decode_tps=point.decode_tps_per_user,
@@ -41,7 +42,7 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
         execution=served.execution if server_regime else bench.engine.execution,
         regime=card.gate.speed_regime,
         engine=served.engine if server_regime else bench.engine.engine,
-        goodput=_level(card, precision, served).goodput_rps if served else None,
+        goodput=_level(card, precision, served).goodput_rps if swept else None,
         users_at_slo=served.max_users_at_slo if served else None,
         cost=capacity.cost_figure(card, precision),
     )

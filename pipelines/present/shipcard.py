@@ -14,6 +14,7 @@ from pipelines.core.manifests import finished, result_of
 from pipelines.core.results import AtShape, Quantized, Served
 from pipelines.core.verdicts import BuildVerdict, Decision
 from pipelines.present import capacity, formats
+from quant.precisions import kv_cache_dtype
 
 
 def _what(card: ModelCard, precision: str) -> list[str]:
@@ -57,7 +58,9 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
     served = result_of(card.name, precision, Served)
     shaped = result_of(card.name, precision, AtShape)
     lines = ["## Speed, as measured"]
-    if served is not None:
+    if served is not None and not served.per_level:
+        lines += ["", f"Not served here: {served.not_run}."]
+    elif served is not None:
         device = served.vllm.device if served.vllm else "the server's device"
         lines += ["", f"This checkpoint on {served.engine_version or served.engine} on {device} ({served.execution}: "
                   f"{served.kernel_names}), {served.load.input_len} tokens in and {served.load.output_len} out, "
@@ -85,7 +88,8 @@ def _pair(a: float | None, b: float | None) -> str:
 def _serve(card: ModelCard, precision: str) -> list[str]:
     served = result_of(card.name, precision, Served)
     length = f" --max-model-len {served.vllm.max_model_len}" if served and served.vllm else ""
-    kv = f" --kv-cache-dtype {card.server.kv_cache_dtype}" if card.server.kv_cache_dtype != "auto" else ""
+    kv_dtype = kv_cache_dtype(precision, card.server.kv_cache_dtype)
+    kv = f" --kv-cache-dtype {kv_dtype}" if kv_dtype != "auto" else ""
     dtype = f" --dtype {served.vllm.dtype}" if served and served.vllm and served.vllm.dtype != "auto" else ""
     return ["## Serving it", "", "From the folder `qeval pull --model "
             f"{card.name} <folder>` writes (this file is its README.md):", "", "```",

@@ -82,6 +82,9 @@ def slo_limits(card: ModelCard) -> list[str]:
         served = result_of(card.name, p, Served)
         if served is None:
             continue
+        if not served.per_level:
+            lines.append(f"- {p}: NOT SERVED: {served.not_run}")
+            continue
         missed = next(((c, m) for c, m in sorted(served.per_level.items()) if not m.meets_slo), None)
         if missed is None:
             held = formats.users_count(served.max_users_at_slo)

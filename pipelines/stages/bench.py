@@ -25,6 +25,7 @@ from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import architecture_config, checkpoint_for, offline_env
 from pipelines.stages.engines import cuda_available
+from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def bench(
         repeats=s.repeats,
         compile=s.compile,
         trust_remote_code=card.source.trust_remote_code,
+        kv_cache_dtype=kv_cache_dtype(precision, card.server.kv_cache_dtype),
     )
     baseline = None if precision == card.gate.baseline else finished(card.name, card.gate.baseline, Benched)
     inputs = {

@@ -108,6 +108,26 @@ def vllm_cannot_run(precision: str, device: Device, flags: frozenset[str] | None
     return "vLLM's CPU build runs 4-bit weights only with AVX-512 (cpu_gemm_wna16), which this CPU lacks"
 
 
+def kv_cannot_serve(kv: str, engine: str, device: Device, flags: frozenset[str] | None = None,
+                    machine: str | None = None) -> str | None:  # fmt: skip
+    """Why `engine` cannot keep a `kv` KV cache here, or None where it can (or where the user's server decides).
+
+    vLLM 0.32's CPU attention keeps an FP8 cache only on x86 with AVX-512 or AMX (vllm/v1/attention/backends/
+    cpu_attn.py, `_get_attn_isa`, raises otherwise; docs/toolchain.md); `transformers serve` keeps its cache
+    in the compute dtype."""
+    if kv == "auto" or engine == "external":
+        return None
+    if engine != "vllm":
+        return f"{engine} serve keeps its KV cache in the compute dtype, not {kv}"
+    if device.kind != "cpu":
+        return None
+    if (machine or platform.machine()) in ("x86_64", "AMD64") and "avx512f" in (
+        cpu_flags() if flags is None else flags
+    ):
+        return None
+    return f"vLLM's CPU attention keeps an {kv.upper()} KV cache only on x86 with AVX-512 or AMX, which this CPU lacks"
+
+
 def choose_engine(engine: str) -> str:
     """auto: vLLM wherever it is installed (on a CPU too), else `transformers serve`."""
     if engine != "auto":

@@ -21,6 +21,7 @@ from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env
 from quant.execution import Device, compute_dtype
+from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +32,14 @@ def evaluate(
     """Run the card's lm-eval tasks on one build and log them to its MLflow run."""
     check_tasks(card)  # every task YAML readable and every task defined, before a model loads
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
-    cfg = _config(card, checkpoint, limit)
+    cfg = _config(card, precision, checkpoint, limit)
     include = Path(cfg.include_path) if cfg.include_path else None
     task_data = file_digest(accuracy.task_files(include, REPO_ROOT)) if include else None
     baseline = _baseline(card, precision, cfg, task_data)
     inputs = {
         "checkpoint": checkpoint_id,
         "settings": evaluation_settings(cfg, task_data),
+        "kv_cache_dtype": cfg.kv_cache_dtype,  # apart from the settings, which a KV-cache variant shares
         "baseline": baseline.inputs_digest if baseline else None,
     }
 
@@ -47,7 +49,7 @@ def evaluate(
     return run_stage(tracker, precision, Evaluated, inputs, work, force=force)
 
 
-def _config(card: ModelCard, checkpoint: str, limit: int | None) -> accuracy.AccuracyConfig:
+def _config(card: ModelCard, precision: str, checkpoint: str, limit: int | None) -> accuracy.AccuracyConfig:
     acc = card.accuracy
     include = resolve_repo_path(acc.include_path) if acc.include_path else None
     if include is not None and not include.is_dir():
@@ -63,6 +65,8 @@ def _config(card: ModelCard, checkpoint: str, limit: int | None) -> accuracy.Acc
         dtype=compute_dtype(Device(environment()["device"])),
         trust_remote_code=card.source.trust_remote_code,
         tensor_parallel=card.server.tensor_parallel or 1,  # lm-eval's vLLM backend, where it runs (a GPU)
+        # the KV cache the build is served with: vLLM's own on a GPU, emulated by the hf backend elsewhere
+        kv_cache_dtype=kv_cache_dtype(precision, card.server.kv_cache_dtype),
     )
 
 

@@ -1,7 +1,8 @@
 """The quantize stage: build a precision's checkpoint, then prove it is real, in fresh processes.
 
 For the baseline precision nothing is built: the stage records the base checkpoint's size, so that
-every build has its checkpoint bytes to compare with.
+every build has its checkpoint bytes to compare with. A KV-cache variant (`int8+kv-fp8`) builds nothing
+either: it records the checkpoint of the precision it serves, once that one is built and checked.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import quant.verify as verify
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
 from pipelines.core.code import environment
+from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.integrity import file_hashes
 from pipelines.core.layout import CHECKPOINT_DIR, STAGE_LOG, stage_dir
-from pipelines.core.manifests import StageRecord
+from pipelines.core.manifests import StageRecord, finished
 from pipelines.core.paths import resolve_repo_path
 from pipelines.core.results import Quantized
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
-from pipelines.core.weights import offline_env, resolve_weights, weights_identity
+from pipelines.core.weights import checkpoint_for, offline_env, resolve_weights, weights_identity
 from quant.calibration import CalibrationSpec
 from quant.execution import Device, compute_dtype
 from quant.precisions import get_precision
@@ -49,6 +51,8 @@ def quantize(
     base = resolve_weights(card)
     p = get_precision(precision)
     scheme = p.describe(card.quantization.group_size)
+    if p.shares:
+        return _shared(card, precision, p.shares, scheme, tracker, force)
     if precision == card.gate.baseline:
         inputs = {"base": weights_identity(card, base)}
         return run_stage(tracker, precision, Quantized, inputs, lambda out: _baseline(card, base, scheme), force=force)
@@ -76,6 +80,18 @@ def quantize(
     return run_stage(
         tracker, precision, Quantized, inputs, lambda out: _build(card, cfg, check, scheme, out), force=force
     )
+
+
+def _shared(card: ModelCard, precision: str, shared: str, scheme: str, tracker: Tracker,
+            force: bool) -> StageRecord[Quantized]:  # fmt: skip
+    """A KV-cache variant's record: the checkpoint of the precision it serves, as that one's stage built it."""
+    built = finished(card.name, shared, Quantized)
+    if built is None:
+        raise QevalError(f"{card.name}@{precision} serves {shared}'s checkpoint; build that first: "
+                         f"qeval quantize --model {card.name} --precision {shared}")  # fmt: skip
+    _, identity = checkpoint_for(card, shared)  # Tampered where its files changed since they were checked
+    made = built.result.model_copy(update={"scheme": scheme, "shares": shared})
+    return run_stage(tracker, precision, Quantized, {"shares": identity}, lambda out: made, force=force)
 
 
 def _baseline(card: ModelCard, base: str, scheme: str) -> Quantized:

@@ -7,7 +7,9 @@ The server is vLLM wherever it is installed (card `server.engine: auto`; engines
 kernel vLLM chose for each quantized layer type is read from its log and says how the figures ran
 (quant/execution.py). The sweep itself is sweep.py's: the load generator (eval/loadgen.py) measures its own
 ceiling against a minimal local streaming endpoint in the same stage, so that a slow generator cannot pass
-for a slow server, and every request's realised lengths are checked.
+for a slow server, and every request's realised lengths are checked. A KV-cache variant (`int8+kv-fp8`) is
+served with its own `--kv-cache-dtype`; where no engine here can keep that cache (vLLM's CPU attention
+without AVX-512), it is recorded as not served, with the reason, and holds no users.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env
 from pipelines.stages import engines, served_accuracy, sweep
 from quant.execution import Device, Execution, compute_dtype
+from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
 EXACT_LENGTH = {"vllm": "ignore_eos", "transformers": "generation_config"}  # how each engine is held to a length
@@ -89,7 +92,7 @@ def vllm_settings(
         max_model_len=length,
         tensor_parallel=default_tensor_parallel(card, sized, device_name) if gpu else 1,
         pipeline_parallel=srv.pipeline_parallel,
-        kv_cache_dtype=srv.kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype(precision, srv.kv_cache_dtype),
         enforce_eager=not gpu if srv.enforce_eager is None else srv.enforce_eager,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
         positions=positions if length > positions else None,
@@ -110,17 +113,11 @@ def serve(
         log.info("%s@%s, scenario %s: %s", card.name, precision, name, capped)
     engine = "external" if url else engines.choose_engine(srv.engine)
     device, device_name = engines.this_device()
-    if engine == "vllm" and (why := engines.vllm_cannot_run(precision, device)):
+    fallback = engines.vllm_cannot_run(precision, device) if engine == "vllm" else None
+    if fallback:
         log.warning("%s@%s: %s; served by transformers serve instead (weights dequantized: emulated)",
-                    card.name, precision, why)  # fmt: skip
+                    card.name, precision, fallback)  # fmt: skip
         engine = "transformers"
-    vllm, settings = None, None
-    if engine == "vllm":
-        vllm = engines.find_vllm()
-        if vllm is None:
-            raise QevalError(f"model '{card.name}': server.engine is vllm but no vLLM is installed here; "
-                             f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
-        settings = vllm_settings(card, precision, checkpoint, device, device_name)
     load = loadgen.LoadSettings(
         api=srv.api,
         concurrency=s.concurrency,
@@ -131,6 +128,19 @@ def serve(
         exact_length=EXACT_LENGTH.get(engine, "none"),
         timeout_s=srv.timeout_s,
     )
+    kv = kv_cache_dtype(precision, srv.kv_cache_dtype)
+    if unserved := engines.kv_cannot_serve(kv, engine, device):
+        why = f"{fallback}, and {unserved}" if fallback else unserved
+        return _not_served(card, precision, tracker, {"checkpoint": checkpoint_id, "engine": engine,
+                                                      "load": load.model_dump(), "kv_cache_dtype": kv}, load, why,
+                           force)  # fmt: skip
+    vllm, settings = None, None
+    if engine == "vllm":
+        vllm = engines.find_vllm()
+        if vllm is None:
+            raise QevalError(f"model '{card.name}': server.engine is vllm but no vLLM is installed here; "
+                             f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
+        settings = vllm_settings(card, precision, checkpoint, device, device_name)
     scored, offline = served_accuracy.plan(card, precision, checkpoint, engine)
     version = f"{vllm.distribution} {vllm.version}" if vllm else None
     inputs = {
@@ -161,6 +171,21 @@ def serve(
         return served
 
     return run_stage(tracker, precision, Served, inputs, work, force=force)
+
+
+def _not_served(card: ModelCard, precision: str, tracker: Tracker, inputs: dict, load: loadgen.LoadSettings,
+                why: str, force: bool) -> StageRecord[Served]:  # fmt: skip
+    """A build no engine here can serve as it ships: recorded with the reason, holding no users, nothing swept
+    or scored (its offline evaluation and its sizing stand)."""
+
+    def work(out: Path) -> Served:
+        log.warning("%s@%s: %s; not served, swept or scored here", card.name, precision, why)
+        ceiling = sweep.generator_ceiling(out, 4 * max(load.concurrency), 4)
+        return Served(engine=inputs["engine"], execution=Execution.UNKNOWN, load=load, slo=card.speed.main_slo,
+                      per_level={}, max_users_at_slo=0, failed_requests=0, generator_ceiling=ceiling,
+                      generator_bound=False, not_run=f"{why}: not served, swept or scored here")  # fmt: skip
+
+    return run_stage(tracker, precision, Served, {**inputs, "not_served": why}, work, force=force)
 
 
 def _sweep(

@@ -64,6 +64,7 @@ def plan(
             "limit": min(limits) if limits else None,
             "batch_size": SERVED_BATCH,
             "backend": "local-completions",
+            "kv_cache_dtype": "auto",  # the server keeps the KV cache, in the dtype it was started with
             "served_model": checkpoint,
             "max_length": model_positions(checkpoint),
         }

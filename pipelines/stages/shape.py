@@ -41,6 +41,7 @@ from pipelines.core.tracker import Tracker
 from pipelines.core.weights import architecture_config
 from pipelines.stages import engines, sweep
 from quant.execution import Execution
+from quant.precisions import kv_cache_dtype
 from quant.recipes import RecipeOptions
 from quant.shape import has_tokenizer, quantization_config, write_shape_build
 
@@ -138,12 +139,13 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
     settings = VllmSettings(
         device=device.kind, max_model_len=context_for(card, positions),
         tensor_parallel=srv.tensor_parallel or 1, pipeline_parallel=srv.pipeline_parallel,
-        kv_cache_dtype=srv.kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype(precision, srv.kv_cache_dtype),
         enforce_eager=device.kind == "cpu" if srv.enforce_eager is None else srv.enforce_eager,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb, random_weights=True,
     )  # fmt: skip
     points = _loads(card, positions)
-    cannot = engines.vllm_cannot_run(precision, device)
+    cannot = engines.vllm_cannot_run(precision, device) or engines.kv_cannot_serve(settings.kv_cache_dtype, "vllm",
+                                                                                  device)  # fmt: skip
     version = f"{vllm.distribution} {vllm.version}"
     inputs = {
         "config": file_digest([config]),
@@ -192,7 +194,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
             one = summary["per_level"].get(1)
             tpot = one.tpot_ms_p50 if one and one.tpot_ms_p50 else probe.tpot_ms
             at = decode_ceiling(sizing.Shape.from_config(arch), precision, card.quantization.group_size,
-                                1 if srv.kv_cache_dtype == "fp8" else 2, load, bandwidth, tpot,
+                                1 if settings.kv_cache_dtype == "fp8" else 2, load, bandwidth, tpot,
                                 device_label(device.kind, device_name))  # fmt: skip
             if at.measured_over_ceiling is not None:
                 log.info("%s, scenario %s: decode at one user %.1f tokens/s, %.0f%% of the %.1f tokens/s that "

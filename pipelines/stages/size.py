@@ -3,18 +3,18 @@
 Projections come from eval/sizing.py over the model's architecture (`source.config`, else the local
 checkpoint's config.json; nothing is downloaded). Weights are the build's real weight files where
 its quantize stage has run, else the precision's bytes per weight at the card's group size; KV entries
-take the bytes of the KV-cache dtype the card serves. The GPUs are the card's target GPUs and those its
-gate requires a fit on. Where the build was benchmarked, the projection for the benchmark's own device
-(its bandwidth, its resident bytes) is set beside the measured decode speed; where its format was timed at
-the model's shape (the shape stage), that measurement's share of its device's ceiling is kept beside the
-projections, which assume the ceiling.
+take the bytes of the KV-cache dtype the build is served with (a KV-cache variant's, else the card's).
+The GPUs are the card's target GPUs and those its gate requires a fit on. Where the build was
+benchmarked, the projection for the benchmark's own device (its bandwidth, its resident bytes) is set beside
+the measured decode speed; where its format was timed at the model's shape (the shape stage), that
+measurement's share of its device's ceiling is kept beside the projections, which assume the ceiling.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import eval.gpus as gpus
@@ -28,10 +28,11 @@ from pipelines.core.manifests import StageRecord, finished, result_of
 from pipelines.core.results import AtShape, BenchCheck, Benched, Quantized, Sized
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
+from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
 KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}
-"""Bytes of a KV-cache entry per card `server.kv_cache_dtype` (auto: the 16-bit compute dtype)."""
+"""Bytes of a KV-cache entry per KV-cache dtype (auto: the 16-bit compute dtype)."""
 
 
 def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
@@ -40,9 +41,11 @@ def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
     return shape, path
 
 
-def assumptions(card: ModelCard, *, mbu: float = 1.0) -> sizing.Assumptions:
-    """What the card's projections assume: sizing's defaults, with the KV-cache dtype the card serves."""
-    return sizing.Assumptions(kv_dtype_bytes=KV_DTYPE_BYTES[card.server.kv_cache_dtype], mbu=mbu)
+def assumptions(card: ModelCard, precision: str | None = None, *, mbu: float = 1.0) -> sizing.Assumptions:
+    """What a build's projections assume: sizing's defaults, with the KV-cache dtype it is served with (the
+    card's where no build is named)."""
+    kv = kv_cache_dtype(precision, card.server.kv_cache_dtype) if precision else card.server.kv_cache_dtype
+    return sizing.Assumptions(kv_dtype_bytes=KV_DTYPE_BYTES[kv], mbu=mbu)
 
 
 def real_weight_bytes(card: ModelCard, precision: str) -> float | None:
@@ -61,7 +64,8 @@ def fits_table(
     output_len: int,
     a: sizing.Assumptions,
 ) -> list[sizing.Fit]:
-    """The projection of every precision on every GPU named, at one grid point; an unknown GPU is one error."""
+    """The projection of every precision on every GPU named, at one grid point, each with its own KV-cache
+    dtype over `a`; an unknown GPU is one error."""
     try:
         chosen = [gpus.get_gpu(name) for name in gpu_names]
     except ValueError as e:
@@ -69,8 +73,17 @@ def fits_table(
     shape, _ = architecture(card)
     grid = {"batch": batch, "input_len": input_len, "output_len": output_len}
     group = card.quantization.group_size
+    kv = {p: assumptions(card, p).kv_dtype_bytes for p in precisions}
     return [
-        sizing.fit(shape, p, gpu, **grid, group_size=group, weights=real_weight_bytes(card, p), a=a)
+        sizing.fit(
+            shape,
+            p,
+            gpu,
+            **grid,
+            group_size=group,
+            weights=real_weight_bytes(card, p),
+            a=replace(a, kv_dtype_bytes=kv[p]),
+        )
         for p in precisions
         for gpu in chosen
     ]
@@ -106,7 +119,7 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
     """Project memory and speed of one build on the card's GPUs and log them."""
     card.require_precision(precision)
     shape, config = architecture(card)
-    s, group, a = card.speed, card.quantization.group_size, assumptions(card)
+    s, group, a = card.speed, card.quantization.group_size, assumptions(card, precision)
     weights = real_weight_bytes(card, precision)
     bench = finished(card.name, precision, Benched)
     at_shape = finished(card.name, precision, AtShape)

@@ -198,6 +198,7 @@ ENGINE_SETTINGS = {
     "device": "engine.device",
     "dtype": "engine.dtype",
     "compile": "engine.compile",
+    "kv_cache_dtype": "engine.kv_cache_dtype",
     "bandwidth_gb_s": "engine.bandwidth_gb_s",
     "trust_remote_code": "engine.trust_remote_code",
     "seed": "engine.seed",
@@ -236,6 +237,7 @@ NOT_SETTINGS = {  # config type name -> its fields that are not settings, and wh
 QUANTIZE_PARAMS: dict[str, Getter] = {  # derived from the result; override a setting of the same name
     "quant.scheme": lambda q: q.scheme,
     "quant.base": lambda q: q.source,
+    "quant.shares": lambda q: q.shares,  # a KV-cache variant: the build whose checkpoint it serves
     "quant.format": lambda q: q.proof and q.proof.format,
     "quant.weight_bits": lambda q: q.proof and q.proof.weight_bits,
     "quant.group_size": lambda q: q.config and (q.config.group_size if _grouped(q) else "per-channel"),
