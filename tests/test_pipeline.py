@@ -46,6 +46,7 @@ def test_run_does_every_stage_then_skips_them(own_root):
     capacity = report.split("## Capacity and cost: 64 concurrent users at peak, scenario default")[1]
     assert "| build | verdict | worst recovery | cpu | h100-sxm | l4 | crossover |" in capacity
     assert "(measured)" in capacity and "(projected)" in capacity and "per 1M output tokens" in capacity
+    assert "2-byte KV entries (1-byte for int8+kv-fp8)" in report  # the fits table's assumptions, per build
     # the generative task: output length and greedy departures per build; the needle judged by its gain
     generated = report.split("## Generated text against the baseline's, same documents (greedy)")[1]
     assert all(f"| {b} | refkjv_continue | chrf " in generated for b in ("fp8", "int8", "awq", "gptq", "int8+kv-fp8"))

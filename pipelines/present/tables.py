@@ -205,15 +205,21 @@ def generation_section(decision: Decision) -> list[str]:
 
 def fits_section(card: ModelCard) -> list[str]:
     """The size stage's fits-on table for the card's target GPUs, as Markdown lines."""
-    sized = [s for p in card.precisions if (s := result_of(card.name, p, Sized))]
+    by_build = {p: s for p in card.precisions if (s := result_of(card.name, p, Sized))}
+    sized = list(by_build.values())
     rows = [fit_cells(f) for s in sized for f in s.fits if f.gpu in card.target_gpus]
     if not rows:
         return []
     s, names = sized[0], list(rows[0])
+    kv = s.assumptions.kv_dtype_bytes  # a KV-cache variant's entries differ from the first build's
+    other = [f"{b.assumptions.kv_dtype_bytes}-byte for {p}" for p, b in by_build.items()
+             if b.assumptions.kv_dtype_bytes != kv]  # fmt: skip
+    assumed = s.assumptions.describe()
+    if other:
+        assumed = assumed.replace("KV entries", f"KV entries ({', '.join(other)})")
     return [
         "",
-        f"## Projected fit on the target GPUs (batch {s.batch}, {s.input_len} in / {s.output_len} out; "
-        f"{s.assumptions.describe()})",
+        f"## Projected fit on the target GPUs (batch {s.batch}, {s.input_len} in / {s.output_len} out; {assumed})",
         "",
         "| " + " | ".join(names) + " |",
         "|" + "---|" * len(names),
