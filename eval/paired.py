@@ -142,7 +142,8 @@ class Departures:
 
     @property
     def median(self) -> float | None:
-        return self.quartiles[1] if self.quartiles else None
+        q = self.quartiles
+        return q[1] if q else None
 
     def text(self) -> str:
         n, same = len(self.positions), self.identical

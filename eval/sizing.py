@@ -98,6 +98,10 @@ def workspace_bytes(shape: Shape, prefill_tokens: int, act_bytes: int = 2) -> fl
     return prefill_tokens * per_token
 
 
+KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}
+"""Bytes of a KV-cache entry per KV-cache dtype (vLLM's `--kv-cache-dtype`; auto: the 16-bit compute dtype)."""
+
+
 @dataclass(frozen=True)
 class Assumptions:
     """What sizing assumes; every number a projection rests on, stated and settable."""

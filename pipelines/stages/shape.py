@@ -194,7 +194,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
             one = summary["per_level"].get(1)
             tpot = one.tpot_ms_p50 if one and one.tpot_ms_p50 else probe.tpot_ms
             at = decode_ceiling(sizing.Shape.from_config(arch), precision, card.quantization.group_size,
-                                1 if settings.kv_cache_dtype == "fp8" else 2, load, bandwidth, tpot,
+                                sizing.KV_DTYPE_BYTES[settings.kv_cache_dtype], load, bandwidth, tpot,
                                 device_label(device.kind, device_name))  # fmt: skip
             if at.measured_over_ceiling is not None:
                 log.info("%s, scenario %s: decode at one user %.1f tokens/s, %.0f%% of the %.1f tokens/s that "

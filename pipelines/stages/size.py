@@ -31,8 +31,6 @@ from pipelines.core.tracker import Tracker
 from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
-KV_DTYPE_BYTES = {"auto": 2, "fp8": 1}
-"""Bytes of a KV-cache entry per KV-cache dtype (auto: the 16-bit compute dtype)."""
 
 
 def architecture(card: ModelCard) -> tuple[sizing.Shape, Path]:
@@ -45,7 +43,7 @@ def assumptions(card: ModelCard, precision: str | None = None, *, mbu: float = 1
     """What a build's projections assume: sizing's defaults, with the KV-cache dtype it is served with (the
     card's where no build is named)."""
     kv = kv_cache_dtype(precision, card.server.kv_cache_dtype) if precision else card.server.kv_cache_dtype
-    return sizing.Assumptions(kv_dtype_bytes=KV_DTYPE_BYTES[kv], mbu=mbu)
+    return sizing.Assumptions(kv_dtype_bytes=sizing.KV_DTYPE_BYTES[kv], mbu=mbu)
 
 
 def real_weight_bytes(card: ModelCard, precision: str) -> float | None:
