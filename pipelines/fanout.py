@@ -173,7 +173,7 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
         milestones = _milestones_actor(ray).remote()
         task = ray.remote(chains)
         pending = {  # the baseline first: Ray starts tasks in the order they were submitted
-            task.options(name=f"{card.name}@{'+'.join(ps) if len(ps) > 1 else p}", max_retries=0, **need).remote(
+            task.options(name=f"{card.name}@{','.join(ps) if len(ps) > 1 else p}", max_retries=0, **need).remote(
                 card, ps, stages, force, env, milestones
             ): ps
             for p, ps in tasks_of(builds).items()

@@ -49,6 +49,27 @@ def test_choose_fastest_with_ties_to_smaller_weights():
     assert choose([_build("a", INCONCLUSIVE, 90, 5.0), _build("b", FAIL, 99, 5.1)], "speed", 0.03)[0] is None
 
 
+def test_the_worst_task_is_the_one_that_decides_against_its_own_threshold():
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 2, 400).astype(float)
+    lower = base.copy()
+    lower[np.flatnonzero(base)[:20]] = 0  # about 10 % fewer right: recovers about 0.9, passes at 0.8
+    held = base.copy()
+    held[np.flatnonzero(base)[:2]] = 0  # about 1 % fewer: straddles 0.99
+    tasks = {
+        "needle": compare("acc", list(base), list(lower), higher_is_better=True, threshold=0.8),
+        "verse": compare("acc", list(base), list(held), higher_is_better=True, threshold=0.99),
+        "same": compare("acc", list(base), list(base), higher_is_better=True, threshold=0.99),
+    }
+    assert tasks["needle"].verdict == PASS and tasks["verse"].verdict == INCONCLUSIVE
+    assert tasks["needle"].recovery[0] < tasks["verse"].recovery[0]  # the lowest recovery is not what decides
+    build = BuildVerdict(precision="x", verdict=INCONCLUSIVE, rules=[], tasks=tasks, speed=Measured(1, 1, 1, NATIVE),
+                         speedup=None)  # fmt: skip
+    assert build.worst_task()[0] == "verse"
+    passing = build.model_copy(update={"tasks": {k: tasks[k] for k in ("needle", "same")}})
+    assert passing.worst_task()[0] == "needle"  # both pass: the one that used more of what its threshold allows
+
+
 def test_speed_rule():
     base = Measured(100.0, 2.0, 16.0, NATIVE)
     fast = Measured(150.0, 1.2, 8.0, NATIVE)

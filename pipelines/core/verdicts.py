@@ -93,9 +93,23 @@ class BuildVerdict(Record):
         return [r.reason for r in self.rules]
 
     def worst_task(self) -> tuple[str, Comparison]:
-        """The task with the lowest recovery."""
-        task = min(self.tasks, key=lambda t: self.tasks[t].recovery[0])
+        """The task that decides the build's quality: a failing task before an INCONCLUSIVE one before a
+        passing one, and among equals the one that used the most of the loss its threshold allows. Not simply
+        the lowest recovery: a task held to a lower threshold of its own (`gate.task_min_recovery`) can
+        recover less and still pass while another decides the verdict."""
+        task = min(self.tasks, key=lambda t: (_SEVERITY.get(self.tasks[t].verdict, 3), _room_left(self.tasks[t])))
         return task, self.tasks[task]
+
+
+_SEVERITY = {Verdict.FAIL: 0, Verdict.INCONCLUSIVE: 1, Verdict.PASS: 2}
+
+
+def _room_left(c: Comparison) -> float:
+    """The share of the allowed loss the interval's unfavourable end leaves unused (negative: past the threshold):
+    recovery down to `threshold` allows 1 - threshold, a perplexity increase allows `threshold`."""
+    if c.rule == "recovery":
+        return (c.recovery[1] - c.threshold) / max(1.0 - c.threshold, 1e-9)
+    return (c.threshold - c.ppl_increase[2]) / max(c.threshold, 1e-9)  # type: ignore[index]
 
 
 class Decision(Record):
