@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +164,22 @@ def test_an_fp8_kv_cache_is_served_where_an_engine_can_keep_it():
     assert engines.kv_cannot_serve("fp8", "vllm", Device("cuda", (9, 0)), avx2, "x86_64") is None
     assert engines.kv_cannot_serve("fp8", "external", CPU, avx2, "x86_64") is None
     assert engines.kv_cannot_serve("auto", "transformers", CPU, avx2, "x86_64") is None
+
+
+def test_fp8_is_served_with_torchs_onednn_off_on_a_cpu_with_amx_int8(monkeypatch):
+    amx, avx512 = frozenset({"avx512f", "amx_tile", "amx_int8"}), frozenset({"avx512f"})
+    assert engines.torch_onednn_off("fp8", CPU, amx, "x86_64")  # torch sends FP8 to oneDNN's reference matmul
+    assert not engines.torch_onednn_off("fp8", CPU, avx512, "x86_64")  # torch's own path already
+    assert not any(engines.torch_onednn_off(p, CPU, amx, "x86_64") for p in ("bf16", "int8", "awq", "int8+kv-fp8"))
+    assert not engines.torch_onednn_off("fp8", Device("cuda", (9, 0)), amx, "x86_64")
+    s = VllmSettings(device="cpu", max_model_len=512, tensor_parallel=1, pipeline_parallel=1, kv_cache_dtype="auto",
+                     enforce_eager=True, cpu_kv_cache_gb=1, torch_onednn=False)  # fmt: skip
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    _, env = engines.vllm_command("python", "/ckpt", s, False)
+    first, rest = env["PYTHONPATH"].split(os.pathsep, 1)
+    assert rest == "/elsewhere" and (Path(first) / "sitecustomize.py").read_text().count("mkldnn.enabled = False")
+    monkeypatch.setattr(engines, "cpu_flags", lambda: amx)
+    monkeypatch.setattr(engines.platform, "machine", lambda: "x86_64")
+    card = load_card("ref-lm")
+    ckpt = resolve_weights(card)
+    assert [p for p in card.precisions if not vllm_settings(card, p, ckpt, CPU).torch_onednn] == ["fp8"]

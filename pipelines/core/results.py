@@ -179,6 +179,7 @@ class VllmSettings(BaseModel):
     seed: int = 0
     random_weights: bool = False  # a shape build: vLLM's dummy loader, no tokenizer (prompts are token ids)
     dtype: str = "auto"  # vLLM's --dtype; auto: the checkpoint's (serve.vllm_settings says when it is not)
+    torch_onednn: bool = True  # False: torch's oneDNN off in the server (engines.torch_onednn_off says when)
 
 
 class LinearKernel(BaseModel):

@@ -128,6 +128,27 @@ def kv_cannot_serve(kv: str, engine: str, device: Device, flags: frozenset[str] 
     return f"vLLM's CPU attention keeps an {kv.upper()} KV cache only on x86 with AVX-512 or AMX, which this CPU lacks"
 
 
+ONEDNN_OFF = Path(__file__).with_name("torch_onednn_off")  # its sitecustomize.py turns torch's oneDNN off
+
+
+def torch_onednn_off(precision: str, device: Device, flags: frozenset[str] | None = None,
+                     machine: str | None = None) -> bool:  # fmt: skip
+    """Whether vLLM serves this build with torch's oneDNN off: an FP8 build on an x86 CPU with AMX-INT8.
+
+    vLLM's CPU kernel for FP8 weights with per-channel scales (ChannelWiseTorchFP8ScaledMMLinearKernel) calls
+    torch's `_scaled_mm`, which on a CPU with AMX-INT8 hands FP8 to oneDNN (aten/src/ATen/native/Blas.cpp,
+    `_scaled_mm_out_cpu`), and oneDNN runs it with its reference matmul (`ref:any`): 8.0 s for 513 x 256 by
+    256 x 1024 on one thread of a Xeon with AMX, against 8.7 ms with oneDNN off (torch dequantizes and
+    multiplies, as on every other CPU); ref-lm's FP8 server took 5 s per output token and its engine died in
+    a 513-token prefill (docs/toolchain.md, "vLLM on a CPU")."""
+    p = get_precision(precision)
+    if device.kind != "cpu" or p.compute != "fp8":
+        return False
+    return (machine or platform.machine()) in ("x86_64", "AMD64") and "amx_int8" in (
+        cpu_flags() if flags is None else flags
+    )
+
+
 def choose_engine(engine: str) -> str:
     """auto: vLLM wherever it is installed (on a CPU too), else `transformers serve`."""
     if engine != "auto":
@@ -161,6 +182,8 @@ def vllm_command(
         cmd += ["--dtype", s.dtype]
     if s.enforce_eager:
         cmd += ["--enforce-eager"]
+    if not s.torch_onednn:  # engines.torch_onednn_off: its sitecustomize runs in every process of the server
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ONEDNN_OFF), os.environ.get("PYTHONPATH")) if p)
     if s.device == "cpu":
         # unset, the CPU backend sizes its KV cache from the machine's total memory and can refuse to start
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kv_cache_gb:g}"

@@ -97,6 +97,7 @@ def vllm_settings(
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
         positions=positions if length > positions else None,
         dtype="auto" if dtype == "bfloat16" else dtype,
+        torch_onednn=not engines.torch_onednn_off(precision, device),
     )
 
 

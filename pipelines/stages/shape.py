@@ -142,6 +142,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         kv_cache_dtype=kv_cache_dtype(precision, srv.kv_cache_dtype),
         enforce_eager=device.kind == "cpu" if srv.enforce_eager is None else srv.enforce_eager,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb, random_weights=True,
+        torch_onednn=not engines.torch_onednn_off(precision, device),
     )  # fmt: skip
     points = _loads(card, positions)
     cannot = engines.vllm_cannot_run(precision, device) or engines.kv_cannot_serve(settings.kv_cache_dtype, "vllm",
