@@ -187,6 +187,7 @@ VLLM_SETTINGS = {
     "seed": "server.seed",
     "random_weights": "server.random_weights",
     "dtype": "server.dtype",
+    "torch_onednn": "server.torch_onednn",
 }
 ENGINE_SETTINGS = {
     "no_weights": "engine.weights",
