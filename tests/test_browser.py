@@ -18,6 +18,7 @@ from helpers import REPO, root_env
 from pipelines.core.cards import load_card
 from pipelines.core.layout import gate_file
 from pipelines.core.procs import running
+from pipelines.core.verdicts import BuildVerdict
 from pipelines.decision.gate import gate
 from pipelines.present.report import report
 from pipelines.tracking.mlflow_tracker import MlflowTracker
@@ -120,7 +121,7 @@ def test_the_address_qeval_ui_prints_opens_the_runs_table_with_every_verdict(ui)
             continue
         build = expected[precision]
         assert build["verdict"] in shown, (precision, shown)
-        worst = min(t["recovery"][0] for t in build["tasks"].values())
+        worst = BuildVerdict.model_validate(build).worst_task()[1].recovery[0]  # the task that decides
         # the description's first 50 characters, in view: verdict, weights, worst recovery (the rest on hover)
         assert f"recovery {worst:.4f} [" in shown and " MB · " in shown, (precision, shown)
     assert len([n for n in rows if n.startswith(f"{card.name}@")]) == len(card.precisions)
