@@ -91,6 +91,14 @@ def this_device() -> tuple[Device, str | None]:
     return Device("cuda", torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
 
 
+X86 = ("x86_64", "AMD64")
+
+
+def _x86_with(flag: str, flags: frozenset[str] | None, machine: str | None) -> bool:
+    """This machine (or `machine`) is x86 and its CPU (or `flags`) has `flag`."""
+    return (machine or platform.machine()) in X86 and flag in (cpu_flags() if flags is None else flags)
+
+
 def vllm_cannot_run(precision: str, device: Device, flags: frozenset[str] | None = None,
                     machine: str | None = None) -> str | None:  # fmt: skip
     """Why vLLM cannot run this build's format on this CPU, or None where it can.
@@ -101,9 +109,7 @@ def vllm_cannot_run(precision: str, device: Device, flags: frozenset[str] | None
     p = get_precision(precision)
     if device.kind != "cpu" or p.checkpoint_format is None or p.activation_bits < 16:
         return None
-    if (machine or platform.machine()) not in ("x86_64", "AMD64") or "avx512f" in (
-        cpu_flags() if flags is None else flags
-    ):
+    if _x86_with("avx512f", flags, machine) or (machine or platform.machine()) not in X86:
         return None
     return "vLLM's CPU build runs 4-bit weights only with AVX-512 (cpu_gemm_wna16), which this CPU lacks"
 
@@ -121,9 +127,7 @@ def kv_cannot_serve(kv: str, engine: str, device: Device, flags: frozenset[str] 
         return f"{engine} serve keeps its KV cache in the compute dtype, not {kv}"
     if device.kind != "cpu":
         return None
-    if (machine or platform.machine()) in ("x86_64", "AMD64") and "avx512f" in (
-        cpu_flags() if flags is None else flags
-    ):
+    if _x86_with("avx512f", flags, machine):
         return None
     return f"vLLM's CPU attention keeps an {kv.upper()} KV cache only on x86 with AVX-512 or AMX, which this CPU lacks"
 
@@ -144,9 +148,7 @@ def torch_onednn_off(precision: str, device: Device, flags: frozenset[str] | Non
     p = get_precision(precision)
     if device.kind != "cpu" or p.compute != "fp8":
         return False
-    return (machine or platform.machine()) in ("x86_64", "AMD64") and "amx_int8" in (
-        cpu_flags() if flags is None else flags
-    )
+    return _x86_with("amx_int8", flags, machine)
 
 
 def choose_engine(engine: str) -> str:
