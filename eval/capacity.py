@@ -13,7 +13,7 @@ users = requests/s x end-to-end latency at that load. Then
     $ per request = $ per instance-hour / (requests/s x 3600),
 
 the last two at the instance's highest-throughput load within the objective. A build that fits no device,
-or meets the objective at no load, says so instead of dividing by zero.
+or holds no user within the objective, says so instead of dividing by zero.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def cost(per: PerInstance | None, users_needed: float, price_per_device_hour: fl
     if per is None:
         return Cost(users_needed, None, None, None, None, None, "does not fit on 8 of these")
     if per.users == 0:
-        return Cost(users_needed, None, None, None, None, None, "meets the objective at no load")
+        return Cost(users_needed, None, None, None, None, None, "holds no user within the objective")
     instances = max(1, math.ceil(users_needed / per.users))
     devices = instances * per.devices
     if price_per_device_hour is None:

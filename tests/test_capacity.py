@@ -46,7 +46,7 @@ def test_the_cost_of_a_traffic_by_hand():
 
 def test_a_build_that_cannot_serve_says_why_instead_of_dividing_by_zero():
     none = PerInstance(0, 0.0, 0.0, math.inf, 1, True, "by hand")
-    assert cost(none, 10, 2.0).why == "meets the objective at no load"
+    assert cost(none, 10, 2.0).why == "holds no user within the objective"
     assert cost(none, 10, 2.0).instances is None
     assert cost(None, 10, 2.0).why == "does not fit on 8 of these"
 
@@ -126,15 +126,15 @@ def _costed(name: str, weights: float, usd: float | None, why: str | None = None
 
 def test_prefer_cost_ships_another_build_than_prefer_memory():
     # AWQ has the smallest weights; INT8 serves the traffic for less (its kernels are faster on this device)
-    builds = [_costed("int8", 8.0, 0.010), _costed("awq", 5.0, 0.020), _costed("fp8", 8.0, None, "meets the "
-              "objective at no load")]  # fmt: skip
+    builds = [_costed("int8", 8.0, 0.010), _costed("awq", 5.0, 0.020), _costed("fp8", 8.0, None, "holds no "
+              "user within the objective")]  # fmt: skip
     assert choose(builds, "memory", 0.03)[0] == "awq"
     chosen, why = choose(builds, "cost", 0.03)
     assert chosen == "int8" and "$0.01 per 1M output tokens on l4" in why and "projected" in why
     # within the tie tolerance of the cheapest, the smaller weights win
     assert choose([_costed("int8", 8.0, 0.0100), _costed("awq", 5.0, 0.0102)], "cost", 0.03)[0] == "awq"
     # no passing build with a price there: nothing is chosen, and the reason says why
-    none, why = choose([_costed("fp8", 8.0, None, "meets the objective at no load")], "cost", 0.03)
+    none, why = choose([_costed("fp8", 8.0, None, "holds no user within the objective")], "cost", 0.03)
     assert none is None and "has a cost" in why
 
 
@@ -142,7 +142,8 @@ def test_the_cost_rule():
     bound = Gate(max_cost_per_mtok=0.015)
     assert cost_rule(bound, _costed("int8", 8.0, 0.010).speed).verdict == Verdict.PASS
     assert cost_rule(bound, _costed("awq", 5.0, 0.020).speed).verdict == Verdict.FAIL
-    assert cost_rule(bound, _costed("fp8", 8.0, None, "meets the objective at no load").speed).verdict == Verdict.FAIL
+    none = _costed("fp8", 8.0, None, "holds no user within the objective")
+    assert cost_rule(bound, none.speed).verdict == Verdict.FAIL
     assert cost_rule(bound, Measured(50.0, 9.0, 8.0, Execution.NATIVE)).verdict == Verdict.INCONCLUSIVE
     free = cost_rule(Gate(), _costed("int8", 8.0, 0.010).speed)
     assert free.verdict == Verdict.NOT_GATED and "$0.01 per 1M output tokens" in free.reason
