@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from eval.kvcache import fp8_kv_attention
+from eval.qdq_bounds import clamp_with_number_bounds
 from quant.registry import suggest
 
 
@@ -129,6 +130,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         raise ValueError(f"a {cfg.kv_cache_dtype} KV cache is the server's to keep, not local-completions'")
     if backend == "hf":
         model_args |= {"device": device, "softmax_dtype": cfg.softmax_dtype, "use_safetensors": True}  # never a pickle
+        clamp_with_number_bounds()  # a W8A8 or FP8 build's emulated activation quantization, same values, faster
         if cfg.kv_cache_dtype == "fp8":
             model_args["attn_implementation"] = fp8_kv_attention()
     elif backend == "vllm":  # its own FP8 KV cache (lm-eval passes the rest of model_args to vllm.LLM)

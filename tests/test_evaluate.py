@@ -151,3 +151,30 @@ def test_an_emulated_fp8_kv_cache_moves_long_context_scores_a_little(tmp_path):
     with pytest.raises(ValueError, match="the server's to keep"):
         accuracy.evaluate_accuracy(cfg.model_copy(update={"kv_cache_dtype": "fp8", "backend": "local-completions"}),
                                    tmp_path)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["int", "float"])
+def test_number_bounds_fake_quantize_to_the_same_bits(kind):
+    import torch
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle import forward
+    from compressed_tensors.quantization.utils import calculate_range
+
+    from eval.qdq_bounds import clamp_with_number_bounds
+
+    args = QuantizationArgs(num_bits=8, type=kind, strategy="token", symmetric=True, dynamic=True)
+    # upstream still hands the range as tensors, the slow clamp this works around: when it stops, drop the patch
+    assert all(isinstance(end, torch.Tensor) for end in calculate_range(args, "cpu"))
+    x = torch.randn(4, 64, 256, generator=torch.Generator().manual_seed(0)) * 3
+    # a scale for half of each token's range, so that many values fall outside the quantized range and are clamped
+    scale = x.abs().amax(-1, keepdim=True) / (2 * float(calculate_range(args, "cpu")[1]))
+    upstream = forward.calculate_range
+    try:
+        for dtype in (torch.bfloat16, torch.float32):
+            expected = forward.fake_quantize(x.to(dtype), scale, None, args)
+            assert clamp_with_number_bounds() and not clamp_with_number_bounds()
+            got = forward.fake_quantize(x.to(dtype), scale, None, args)
+            forward.calculate_range = upstream
+            assert got.dtype == expected.dtype and torch.equal(got, expected)
+    finally:
+        forward.calculate_range = upstream
