@@ -29,6 +29,8 @@ def clamp_with_number_bounds() -> bool:
 
     def calculate_range(quantization_args, device):
         q_min, q_max = upstream(quantization_args, device)
+        if q_min.device.type == "meta":  # loading, with no values to clamp (and none to read)
+            return q_min, q_max
         return q_min.item(), q_max.item()
 
     calculate_range.number_bounds = True

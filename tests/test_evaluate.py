@@ -176,5 +176,8 @@ def test_number_bounds_fake_quantize_to_the_same_bits(kind):
             got = forward.fake_quantize(x.to(dtype), scale, None, args)
             forward.calculate_range = upstream
             assert got.dtype == expected.dtype and torch.equal(got, expected)
+        clamp_with_number_bounds()
+        on_meta = forward.fake_quantize(x.to("meta"), scale.to("meta"), None, args)  # as transformers loads
+        assert on_meta.device.type == "meta" and on_meta.shape == x.shape
     finally:
         forward.calculate_range = upstream
