@@ -13,10 +13,6 @@ it does not).
 
 from __future__ import annotations
 
-import logging
-
-log = logging.getLogger(__name__)
-
 
 def clamp_with_number_bounds() -> bool:
     """In this process, give compressed-tensors' fake quantization its range as Python numbers; True if this
@@ -35,5 +31,4 @@ def clamp_with_number_bounds() -> bool:
 
     calculate_range.number_bounds = True
     forward.calculate_range = calculate_range
-    log.info("compressed-tensors' activation quantization clamps with number bounds (same values, faster)")
     return True
