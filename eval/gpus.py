@@ -1,12 +1,16 @@
 """A catalog of data-centre GPUs (vendor data sheets).
 
-Memory is the nominal size, which NVIDIA quotes in GiB ("80 GB" H100: nvidia-smi shows 79.6 GiB
-usable). Throughput is dense (no sparsity) tensor-core peak. How a GPU runs a precision (native,
-weight-only, emulated) follows from its compute capability (quant/execution.py).
+Memory is what the device exposes, as nvidia-smi's total reads in MiB (an "80 GB" H100 81,559 MiB: 79.6 GiB;
+a "24 GB" L4 23,034 MiB: 22.5 GiB; a "48 GB" L40S 46,068 MiB: 45.0 GiB). Throughput is dense (no sparsity)
+tensor-core peak. How a GPU runs a precision (native, weight-only, emulated) follows from its compute
+capability (quant/execution.py). A device is matched by its whole name as torch reports it, never by a part
+of it: "NVIDIA H100 NVL" is not an H100 SXM, "NVIDIA GH200 480GB" not an H200, "NVIDIA L40" not an L4; a
+GPU not in the catalog is unknown (no data-sheet bandwidth, no price), not the nearest name.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from quant.execution import Device, Execution, compute_units, execution
@@ -18,7 +22,7 @@ GIB = 2**30
 @dataclass(frozen=True)
 class Gpu:
     name: str  # catalog key
-    cuda_name: str  # substring of torch.cuda.get_device_name()
+    cuda_names: str  # torch.cuda.get_device_name() without its "NVIDIA " prefix: a regular expression, matched whole
     memory_gib: float
     bandwidth: float  # bytes/s, peak
     bf16_flops: float  # dense tensor peak, FLOP/s
@@ -46,17 +50,17 @@ class Gpu:
 
 
 T = 1e12
-# Ordered most specific first for matching CUDA names.
+MIB = 2**20 / GIB  # GiB per MiB
 CATALOG: list[Gpu] = [
-    Gpu("h200", "H200", 141, 4.8 * T, 989 * T, 1979 * T, 1979 * T, (9, 0)),
-    Gpu("h100-pcie", "H100 PCIe", 80, 2.0 * T, 756 * T, 1513 * T, 1513 * T, (9, 0)),
-    Gpu("h100-sxm", "H100", 80, 3.35 * T, 989 * T, 1979 * T, 1979 * T, (9, 0)),
-    Gpu("a100-80gb", "A100-SXM4-80GB", 80, 2.039 * T, 312 * T, None, 624 * T, (8, 0)),
-    Gpu("a100-80gb-pcie", "A100 80GB PCIe", 80, 1.935 * T, 312 * T, None, 624 * T, (8, 0)),
-    Gpu("a100-40gb", "A100", 40, 1.555 * T, 312 * T, None, 624 * T, (8, 0)),
-    Gpu("l40s", "L40S", 48, 0.864 * T, 362 * T, 733 * T, 733 * T, (8, 9)),
-    Gpu("l4", "L4", 24, 0.3 * T, 121 * T, 242 * T, 242 * T, (8, 9)),
-    Gpu("a10g", "A10G", 24, 0.6 * T, 70 * T, None, 140 * T, (8, 6)),
+    Gpu("h200", "H200", 143_771 * MIB, 4.8 * T, 989 * T, 1979 * T, 1979 * T, (9, 0)),
+    Gpu("h100-pcie", "H100 PCIe", 81_559 * MIB, 2.0 * T, 756 * T, 1513 * T, 1513 * T, (9, 0)),
+    Gpu("h100-sxm", "H100 80GB HBM3", 81_559 * MIB, 3.35 * T, 989 * T, 1979 * T, 1979 * T, (9, 0)),
+    Gpu("a100-80gb", "A100-SXM4-80GB", 81_920 * MIB, 2.039 * T, 312 * T, None, 624 * T, (8, 0)),
+    Gpu("a100-80gb-pcie", "A100 80GB PCIe", 81_920 * MIB, 1.935 * T, 312 * T, None, 624 * T, (8, 0)),
+    Gpu("a100-40gb", "A100-SXM4-40GB|A100-PCIE-40GB", 40_960 * MIB, 1.555 * T, 312 * T, None, 624 * T, (8, 0)),
+    Gpu("l40s", "L40S", 46_068 * MIB, 0.864 * T, 362 * T, 733 * T, 733 * T, (8, 9)),
+    Gpu("l4", "L4", 23_034 * MIB, 0.3 * T, 121 * T, 242 * T, 242 * T, (8, 9)),
+    Gpu("a10g", "A10G", 23_028 * MIB, 0.6 * T, 70 * T, None, 140 * T, (8, 6)),
 ]
 BY_NAME = {g.name: g for g in CATALOG}
 
@@ -67,11 +71,19 @@ def get_gpu(name: str) -> Gpu:
 
 
 def gpu_for_device(device_name: str) -> Gpu | None:
-    """The catalog entry whose CUDA name `device_name` contains, if any."""
-    for g in CATALOG:
-        if g.cuda_name.lower() in device_name.lower():
-            return g
-    return None
+    """The catalog entry of a device named `device_name` by torch ("NVIDIA H100 80GB HBM3"); None where no
+    entry names it whole."""
+    name = re.sub(r"^NVIDIA\s+", "", device_name.strip(), flags=re.IGNORECASE)
+    return next((g for g in CATALOG if re.fullmatch(g.cuda_names, name, flags=re.IGNORECASE)), None)
+
+
+def device_column(kind: str, device_name: str | None) -> str:
+    """A device as the capacity tables name it: "cpu", a GPU's catalog name where the catalog knows it (its
+    price and its projection are keyed so), else torch's name for it."""
+    if kind == "cpu":
+        return "cpu"
+    gpu = gpu_for_device(device_name) if device_name else None
+    return gpu.name if gpu else (device_name or "an unnamed GPU")
 
 
 def peak_bandwidth(device_name: str) -> float | None:

@@ -53,7 +53,7 @@ def test_what_fits_by_hand():
     assert REF_LM.params == stored == 6_819_072 and weight_bytes(REF_LM, "bf16", 128) == 2 * stored
     l4 = get_gpu("l4")
     f = fit(LLAMA3_8B, "bf16", l4, batch=32, input_len=2048, output_len=128, group_size=128)
-    usable = 24 * 2**30 * 0.9  # 23.2 GB
+    usable = 23_034 * 2**20 * 0.9  # 21.7 GB: what an L4 exposes (nvidia-smi's 23,034 MiB), not its "24 GB"
     kv = 32 * 2176 * 128 * 1024  # 9.1 GB
     assert f.usable_gb == pytest.approx(usable / 1e9) and f.kv_gb == pytest.approx(kv / 1e9)
     assert not f.fits and f.tensor_parallel == 2  # 16.1 GB of weights and 9.1 GB of KV
@@ -107,7 +107,15 @@ def test_catalog_lookup():
     assert gpu_for_device("NVIDIA H100 80GB HBM3").name == "h100-sxm"
     assert gpu_for_device("NVIDIA H100 PCIe").name == "h100-pcie"
     assert gpu_for_device("NVIDIA L40S").name == "l40s" and gpu_for_device("NVIDIA L4").name == "l4"
-    assert gpu_for_device("NVIDIA H200").memory_gib == 141 and gpu_for_device("Radeon") is None
+    assert gpu_for_device("NVIDIA A100-PCIE-40GB").name == "a100-40gb"
+    assert gpu_for_device("Radeon") is None
+    # a name that contains another's is not that GPU: each is unknown, not the nearest entry
+    for other in ("NVIDIA H100 NVL", "NVIDIA GH200 480GB", "NVIDIA L40", "NVIDIA H200 NVL", "NVIDIA L4X"):
+        assert gpu_for_device(other) is None, other
+    # memory as the device exposes it (nvidia-smi's total in MiB), not the marketing size
+    exposed = {"h200": 143_771, "h100-sxm": 81_559, "l4": 23_034, "l40s": 46_068, "a100-80gb": 81_920}
+    for name, mib in exposed.items():
+        assert get_gpu(name).memory_bytes == mib * 2**20
     with pytest.raises(ValueError, match=r"unknown GPU 'h100'.*did you mean"):
         get_gpu("h100")
 
