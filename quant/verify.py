@@ -39,6 +39,7 @@ class VerifyConfig(BaseModel):
     min_agreement: float = Field(0.5, ge=0, le=1, description="top-1 agreement below this fails the build")
     trust_remote_code: bool = False
     dtype: str = Field("bfloat16", description="dtype both models compute in (quant.execution.compute_dtype)")
+    device: str = Field("auto", description="where both models run; auto: the GPU where there is one, else the CPU")
 
 
 class VerifyResult(BaseModel):
@@ -86,16 +87,18 @@ def verify_checkpoint(cfg: VerifyConfig, out_dir: Path) -> VerifyResult:
     config = json.loads((Path(cfg.checkpoint) / "config.json").read_text())
     fmt, bits = check_quantization_config(config, cfg.precision)
     tokenizer = AutoTokenizer.from_pretrained(cfg.base)
-    load = {"trust_remote_code": cfg.trust_remote_code, "use_safetensors": True}
-    load["dtype"] = getattr(torch, cfg.dtype)
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    load = {"trust_remote_code": cfg.trust_remote_code, "use_safetensors": True, "dtype": getattr(torch, cfg.dtype)}
+    if device != "cpu":  # straight onto the GPU: an 8B model's two copies are 32 GB that host memory need not hold
+        load["device_map"] = device
     base = AutoModelForCausalLM.from_pretrained(cfg.base, **load).eval()
     build = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, **load).eval()
     base_rows, build_rows = [], []
     with torch.no_grad():
         for prompt in PROMPTS:
-            ids = tokenizer(prompt, return_tensors="pt").input_ids[:, : cfg.max_tokens]
-            base_rows.append(base(input_ids=ids).logits[0])
-            build_rows.append(build(input_ids=ids).logits[0])
+            ids = tokenizer(prompt, return_tensors="pt").input_ids[:, : cfg.max_tokens].to(device)
+            base_rows.append(base(input_ids=ids).logits[0].float().cpu())
+            build_rows.append(build(input_ids=ids).logits[0].float().cpu())
     kl, agree, diff, n = compare_logits(torch.cat(base_rows), torch.cat(build_rows))
     if diff == 0.0:
         raise ValueError(f"the {cfg.precision} build's logits equal the baseline's: it was not quantized")

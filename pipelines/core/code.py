@@ -18,6 +18,7 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
+from pipelines.core.device import compute_device
 from pipelines.core.manifests import CodeVersion
 from pipelines.core.paths import REPO_ROOT
 
@@ -90,17 +91,17 @@ _BUILDS_WITH = ["torch", "transformers", "compressed-tensors", "llmcompressor", 
 def environment() -> dict[str, object]:
     """What a stage's result depends on besides its inputs and code: the libraries that compute it (this
     environment's; vLLM's own venv is in the serve and shape stages' inputs), the threads its children use
-    (two INT8 checkpoints differed between 2 threads and 1), and whether a GPU is visible. Part of every
-    stage's cache key, so that a change reruns the baseline beside the builds."""
+    (two INT8 checkpoints differed between 2 threads and 1), and the device torch computes on here (a GPU by
+    its name and compute capability: pipelines/core/device.py). Part of every stage's cache key, so that a
+    change reruns the baseline beside the builds."""
     threads = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
-    gpu = Path("/proc/driver/nvidia/gpus").is_dir() and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
     libraries = {}
     for name in _BUILDS_WITH:
         try:
             libraries[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return {"libraries": libraries, "threads": threads, "device": "cuda" if gpu else "cpu"}
+    return {"libraries": libraries, "threads": threads, **compute_device().key()}
 
 
 @cache

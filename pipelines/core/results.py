@@ -13,10 +13,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval.accuracy import AccuracyConfig, AccuracyResult
+from eval.accuracy import AccuracyConfig
 from eval.engine import EngineConfig, EngineResult, PointResult
+from eval.gpus import device_column
 from eval.loadgen import LoadSettings
 from eval.paired import PREFERRED_METRICS
+from eval.records import AccuracyResult
 from eval.serving import LevelMetrics
 from eval.sizing import Assumptions, Fit
 from pipelines.core.cards import Slo
@@ -40,6 +42,9 @@ class StageResult(Record):
 
     STAGE: ClassVar[str]
     """The stage's name (pipelines/core/registry.py): its folder, its MLflow tag, `qeval run --skip`'s word."""
+    KEPT_LOCALLY: ClassVar[tuple[str, ...]] = ()
+    """Entries of the stage's folder logged only to a store on another machine: in a store on this machine's
+    disk they would be a second copy of what qeval keeps beside it."""
 
     def headline(self) -> str:
         """One line for people: the stage's main figures."""
@@ -54,7 +59,9 @@ class Quantized(StageResult):
     """A build's checkpoint: built and proven by llm-compressor, or the baseline's own weights."""
 
     STAGE: ClassVar[str] = "quantize"
-    # the checkpoint is logged too: the registry's `ship` points at it, and another machine pulls it from there
+    # the checkpoint goes to a shared store too, where another machine pulls it from; in a store on this machine
+    # only the build that ships is (the gate logs it: the registry's `ship` points at it)
+    KEPT_LOCALLY: ClassVar[tuple[str, ...]] = (CHECKPOINT_DIR,)
 
     checkpoint: str = Field(description="folder holding the weights")
     checkpoint_bytes: int = Field(description="bytes of the weight files")
@@ -120,9 +127,9 @@ class Evaluated(StageResult):
 
 def evaluation_settings(config: AccuracyConfig, task_data_sha256: str | None) -> dict[str, Any]:
     """An evaluation's settings and task data, what two evaluations compared document by document share: the
-    checkpoint aside (paths: their digests stand in), and the KV cache's dtype, which a KV-cache variant
-    changes against its own precision's evaluation and the baseline's."""
-    settings = config.model_dump(mode="json", exclude={"checkpoint", "include_path", "kv_cache_dtype"})
+    checkpoint aside (paths: their digests stand in), and the KV cache's dtype and how it is emulated, which a
+    KV-cache variant changes against its own precision's evaluation and the baseline's."""
+    settings = config.model_dump(mode="json", exclude={"checkpoint", "include_path", "kv_cache_dtype", "fp8_query"})
     return {**settings, "task_data_sha256": task_data_sha256}
 
 
@@ -182,6 +189,31 @@ class VllmSettings(BaseModel):
     torch_onednn: bool = True  # False: torch's oneDNN off in the server (engines.torch_onednn_off says when)
 
 
+class ServedOn(Record):
+    """Where a server qeval started ran: what the serve and shape stages record beside their sweeps."""
+
+    engine: str
+    vllm: VllmSettings | None = None
+    device_name: str | None = Field(None, description="the GPU it was served on, as torch names it (None: a CPU, "
+                                    "or a server the user runs)")  # fmt: skip
+
+    @property
+    def device(self) -> str | None:
+        """Where qeval served it, as the capacity tables name devices (eval/gpus.py, device_column): "cpu", a
+        GPU's catalog name, or torch's name for a GPU the catalog lacks; None for a server the user runs."""
+        if self.vllm is None and self.engine == "external":
+            return None
+        kind = self.vllm.device if self.vllm else ("cuda" if self.device_name else "cpu")
+        return device_column(kind, self.device_name)
+
+    @property
+    def device_words(self) -> str:
+        """The device in a sentence: "h100-sxm (NVIDIA H100 80GB HBM3)", "cpu", "the server's device"."""
+        if (device := self.device) is None:
+            return "the server's device"
+        return f"{device} ({self.device_name})" if self.device_name and device != self.device_name else device
+
+
 class LinearKernel(BaseModel):
     """A linear kernel vLLM chose for a quantization method, and how it runs the build there."""
 
@@ -229,7 +261,7 @@ class ServedAccuracy(Record):
         return [t for t, c in self.vs_offline.items() if c.differs]
 
 
-class Served(StageResult):
+class Served(StageResult, ServedOn):
     """A real OpenAI-compatible server swept over the card's concurrency levels."""
 
     STAGE: ClassVar[str] = "serve"
@@ -304,7 +336,7 @@ class ScenarioSweep(Record):
     ceiling: DecodeCeiling | None = None
 
 
-class AtShape(StageResult):
+class AtShape(StageResult, ServedOn):
     """Every precision timed at a real model's shape with random weights (quant/shape.py): one server per build
     swept over each of the card's scenarios, whose figures are the format's and the kernels', never a real
     checkpoint's."""

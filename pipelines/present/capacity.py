@@ -61,14 +61,13 @@ def _measured(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found
     real checkpoint (its prompt possibly cut to the model's positions), else the shape stage's."""
     served = result_of(card.name, precision, Served)
     if served and served.vllm and served.load.output_len == sc.output_len and served.load.input_len <= sc.input_len:
-        device = CPU if served.vllm.device == "cpu" else "cuda"
+        device = served.device or CPU
         return device, served.per_level, f"measured: {served.engine_version or served.engine} sweep on {device}"
     shaped = result_of(card.name, precision, AtShape)
     sweep = shaped.scenarios.get(name) if shaped else None
     if sweep is None:
         return None
-    gpu = gpus.gpu_for_device(sweep.ceiling.device) if sweep.ceiling and shaped.vllm.device != "cpu" else None
-    device = gpu.name if gpu else (CPU if shaped.vllm.device == "cpu" else "cuda")
+    device = shaped.device or CPU
     probed = " (probed at one user: too slow to sweep)" if sweep.probe else ""
     how = f"measured: random weights at the shape, {shaped.engine_version} on {device}{probed}"
     return device, sweep.per_level, how

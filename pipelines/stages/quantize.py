@@ -14,7 +14,7 @@ import quant.build as build_mod
 import quant.verify as verify
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
-from pipelines.core.code import environment
+from pipelines.core.device import compute_device
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.integrity import file_hashes
@@ -26,7 +26,7 @@ from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
 from pipelines.core.weights import checkpoint_for, offline_env, resolve_weights, weights_identity
 from quant.calibration import CalibrationSpec
-from quant.execution import Device, compute_dtype
+from quant.execution import compute_dtype
 from quant.precisions import get_precision
 
 
@@ -57,7 +57,7 @@ def quantize(
         inputs = {"base": weights_identity(card, base)}
         return run_stage(tracker, precision, Quantized, inputs, lambda out: _baseline(card, base, scheme), force=force)
     spec, calib_id = _calibration(card, num_samples) if p.needs_calibration else (None, None)
-    dtype = compute_dtype(Device(environment()["device"]))
+    dtype = compute_dtype(compute_device().device)
     cfg = build_mod.QuantizeConfig(
         base=base,
         precision=precision,

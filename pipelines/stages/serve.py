@@ -21,8 +21,10 @@ import eval.loadgen as loadgen
 import eval.serving as serving
 from eval.accuracy import AccuracyConfig
 from eval.gpus import get_gpu, gpu_for_device
+from eval.sizing import KV_DTYPE_BYTES
 from pipelines.core.cards import ModelCard
 from pipelines.core.demands import check_sweep
+from pipelines.core.device import compute_device
 from pipelines.core.errors import QevalError
 from pipelines.core.manifests import StageRecord, result_of
 from pipelines.core.net import json_or
@@ -30,7 +32,7 @@ from pipelines.core.procs import running
 from pipelines.core.results import Served, ServedAccuracy, Sized, VllmSettings
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
-from pipelines.core.weights import checkpoint_for, offline_env
+from pipelines.core.weights import checkpoint_for, model_config, model_positions, offline_env
 from pipelines.stages import engines, served_accuracy, sweep
 from quant.execution import Device, Execution, compute_dtype
 from quant.precisions import kv_cache_dtype
@@ -68,32 +70,43 @@ def default_tensor_parallel(card: ModelCard, sized: Sized | None, device_name: s
 
 
 def vllm_settings(
-    card: ModelCard, precision: str, checkpoint: str, device: Device, device_name: str | None = None
+    card: ModelCard,
+    precision: str,
+    checkpoint: str,
+    device: Device,
+    device_name: str | None = None,
+    gpu_memory: int | None = None,
 ) -> VllmSettings:
     """How vLLM serves this build here: the card's settings, with the defaults filled in.
 
-    Served accuracy needs two tokens beyond the model's positions (eval/accuracy.py, _served_args); the
-    extra positions are never scored (engines.vllm_command extends vLLM's position table to them).
+    Served accuracy needs two tokens beyond the offline evaluation's context window (eval/accuracy.py,
+    _served_args); where that passes the model's positions, the extra ones are never scored
+    (engines.vllm_command extends vLLM's position table to them). On a GPU, a model too small to fill one is
+    served eager in a share of it sized to the sweep (engines.gpu_memory_plan).
     vLLM computes in the dtype the offline evaluation does (quant.execution.compute_dtype), so that served
     and offline scores differ by the engines alone: the checkpoint's bf16 on a GPU and a CPU with bf16 units,
     float32 on another CPU, where bf16 is emulated (there vLLM scored ref-lm's chapters 5.9x faster in
     float32; docs/toolchain.md, "transformers").
     """
     srv = card.server
-    positions = served_accuracy.model_positions(checkpoint) or srv.max_model_len or 2048
+    positions = model_positions(checkpoint) or srv.max_model_len or 2048
     length = srv.max_model_len or positions
     if srv.served_accuracy:
-        length = max(length, positions + 2)
+        length = max(length, (card.context_window(positions) or positions) + 2)
     gpu = device.kind == "cuda"
     sized = result_of(card.name, precision, Sized) if gpu else None
     dtype = compute_dtype(device)
+    kv = kv_cache_dtype(precision, srv.kv_cache_dtype)
+    share, small = engines.gpu_memory_plan(model_config(checkpoint), KV_DTYPE_BYTES[kv], max(card.speed.concurrency),
+                                           length, gpu_memory) if gpu else (0.9, False)  # fmt: skip
     return VllmSettings(
         device=device.kind,
         max_model_len=length,
         tensor_parallel=default_tensor_parallel(card, sized, device_name) if gpu else 1,
         pipeline_parallel=srv.pipeline_parallel,
-        kv_cache_dtype=kv_cache_dtype(precision, srv.kv_cache_dtype),
-        enforce_eager=not gpu if srv.enforce_eager is None else srv.enforce_eager,
+        kv_cache_dtype=kv,
+        enforce_eager=(not gpu or small) if srv.enforce_eager is None else srv.enforce_eager,
+        gpu_memory_utilization=share,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
         positions=positions if length > positions else None,
         dtype="auto" if dtype == "bfloat16" else dtype,
@@ -109,7 +122,7 @@ def serve(
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
     srv, s = card.server, card.speed
     name = s.main_scenario[0]
-    scenario, capped = card.scenarios_within(served_accuracy.model_positions(checkpoint))[name]
+    scenario, capped = card.scenarios_within(model_positions(checkpoint))[name]
     if capped:
         log.info("%s@%s, scenario %s: %s", card.name, precision, name, capped)
     engine = "external" if url else engines.choose_engine(srv.engine)
@@ -141,7 +154,7 @@ def serve(
         if vllm is None:
             raise QevalError(f"model '{card.name}': server.engine is vllm but no vLLM is installed here; "
                              f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
-        settings = vllm_settings(card, precision, checkpoint, device, device_name)
+        settings = vllm_settings(card, precision, checkpoint, device, device_name, compute_device().memory_bytes)
     scored, offline = served_accuracy.plan(card, precision, checkpoint, engine)
     version = f"{vllm.distribution} {vllm.version}" if vllm else None
     inputs = {
@@ -165,7 +178,8 @@ def serve(
             launch = _transformers(card, checkpoint, load, device), {}
         served = _sweep(card, precision, checkpoint, engine, device, settings, load, url, launch, scored, out)
         missed = served_accuracy.not_run(engine) if card.server.served_accuracy and scored is None else None
-        served = served.model_copy(update={"engine_version": version, "not_run": missed})
+        here = None if url or device.kind == "cpu" else device_name
+        served = served.model_copy(update={"engine_version": version, "not_run": missed, "device_name": here})
         if served.accuracy is not None and offline is not None:
             scored_now = served_accuracy.against_offline(card, precision, served.accuracy, offline, out)
             served = served.model_copy(update={"accuracy": scored_now})

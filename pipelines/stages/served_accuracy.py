@@ -8,7 +8,6 @@ windows; each task's judging metric is then compared with the offline score of t
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -20,21 +19,11 @@ from pipelines.core.errors import QevalError
 from pipelines.core.layout import STAGE_LOG, stage_dir
 from pipelines.core.manifests import Manifest, finished
 from pipelines.core.results import Evaluated, ServedAccuracy, ServedVsOffline
-from pipelines.core.weights import offline_env
+from pipelines.core.weights import model_positions, offline_env
 
 log = logging.getLogger(__name__)
 SERVED_DIR = "served_accuracy"
 SERVED_BATCH = 32  # prompts per completions request: the server batches them; fewer round trips (2x faster here)
-
-
-def model_positions(checkpoint: str) -> int | None:
-    """The context the model was built for (config.json), which the offline evaluation uses too."""
-    try:
-        cfg = json.loads((Path(checkpoint) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    cfg = cfg.get("text_config", cfg)
-    return cfg.get("max_position_embeddings") or cfg.get("n_positions")
 
 
 def not_run(engine: str) -> str:
@@ -66,7 +55,7 @@ def plan(
             "backend": "local-completions",
             "kv_cache_dtype": "auto",  # the server keeps the KV cache, in the dtype it was started with
             "served_model": checkpoint,
-            "max_length": model_positions(checkpoint),
+            "max_length": base.max_length or model_positions(checkpoint),  # the offline windows, exactly
         }
     )
     return scored, offline

@@ -25,11 +25,12 @@ from pathlib import Path
 import eval.loadgen as loadgen
 import eval.serving as serving
 import eval.sizing as sizing
-from eval.engine import measure_copy_bandwidth
 from eval.gpus import peak_bandwidth
+from eval.instruments import measure_copy_bandwidth
 from eval.speed import decode_step_bytes, mid_generation_context
 from pipelines.core.cards import ModelCard, Slo
 from pipelines.core.demands import check_sweep
+from pipelines.core.device import compute_device
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.manifests import StageRecord
@@ -136,12 +137,19 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
     srv, s = card.server, card.speed
     opts = RecipeOptions(group_size=card.quantization.group_size, ignore=list(card.quantization.ignore))
     positions = arch.get("max_position_embeddings")
+    kv, length = kv_cache_dtype(precision, srv.kv_cache_dtype), context_for(card, positions)
+    share, small = (
+        engines.gpu_memory_plan(
+            arch, sizing.KV_DTYPE_BYTES[kv], max(s.concurrency), length, compute_device().memory_bytes
+        )
+        if device.kind == "cuda"
+        else (0.9, False)
+    )
     settings = VllmSettings(
-        device=device.kind, max_model_len=context_for(card, positions),
-        tensor_parallel=srv.tensor_parallel or 1, pipeline_parallel=srv.pipeline_parallel,
-        kv_cache_dtype=kv_cache_dtype(precision, srv.kv_cache_dtype),
-        enforce_eager=device.kind == "cpu" if srv.enforce_eager is None else srv.enforce_eager,
-        cpu_kv_cache_gb=srv.cpu_kv_cache_gb, random_weights=True,
+        device=device.kind, max_model_len=length,
+        tensor_parallel=srv.tensor_parallel or 1, pipeline_parallel=srv.pipeline_parallel, kv_cache_dtype=kv,
+        enforce_eager=(device.kind == "cpu" or small) if srv.enforce_eager is None else srv.enforce_eager,
+        gpu_memory_utilization=share, cpu_kv_cache_gb=srv.cpu_kv_cache_gb, random_weights=True,
         torch_onednn=not engines.torch_onednn_off(precision, device),
     )  # fmt: skip
     points = _loads(card, positions)
@@ -204,7 +212,8 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
             scenarios[name] = ScenarioSweep(load=load, slo=objective, capped=capped,
                                             probe=probe if probe.too_slow else None, ceiling=at, **summary)  # fmt: skip
         return AtShape(
-            engine_version=version, vllm=settings, kernels=kernels, execution=how, weights=label_of(card),
+            engine_version=version, vllm=settings, device_name=device_name if device.kind == "cuda" else None,
+            kernels=kernels, execution=how, weights=label_of(card),
             shape_config=shown_path(config), generator_ceiling=ceiling, scenarios=scenarios,
         )  # fmt: skip
 
