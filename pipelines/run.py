@@ -25,7 +25,7 @@ from pipelines.core.manifests import StageRecord
 from pipelines.core.registry import FULL_RUN, SPEED_HALF, STAGES
 from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
-from pipelines.core.weights import resolve_weights
+from pipelines.core.weights import WeightsRefused, resolve_weights
 from pipelines.decision.gate import gate, nothing_to_gate
 from pipelines.fanout import run_on_ray
 from pipelines.present.report import report, speed_report
@@ -42,9 +42,13 @@ class PipelineResult:
 
 
 def weights_missing(card: ModelCard) -> str | None:
-    """Why the card's base weights cannot be had here (one line), or None where they can."""
+    """Why the card's base weights cannot be had here (one line), or None where they can. A hub that refuses
+    them (gated without access, no such repository) is an error, raised: the speed half is for weights this
+    machine cannot reach, not for a card that names weights it may not have."""
     try:
         resolve_weights(card)
+    except WeightsRefused:
+        raise
     except QevalError as e:
         return str(e)
     return None

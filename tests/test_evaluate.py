@@ -11,7 +11,7 @@ from helpers import REPO
 from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
-from eval import accuracy
+from eval import accuracy, records
 from eval.compare import recovery
 from pipelines.core.cards import load_card
 from pipelines.core.errors import QevalError
@@ -54,13 +54,13 @@ def test_scores_are_lm_evals_own_results(evaluated):
 def test_documents_are_read_back_per_metric(evaluated):
     record = evaluated["bf16"]
     folder, result = record.path, record.result.accuracy
-    names = {m.name for m in accuracy.document_metrics(folder, result, "refkjv_next_verse")}
+    names = {m.name for m in records.document_metrics(folder, result, "refkjv_next_verse")}
     assert {"acc", "acc_norm"} <= names
     acc = next(m for m in result.scores["refkjv_next_verse"] if m.name == "acc")
-    docs = accuracy.documents(folder, result, "refkjv_next_verse", acc)
+    docs = records.documents(folder, result, "refkjv_next_verse", acc)
     assert len(docs) == 6 and sum(docs.values()) / 6 == pytest.approx(acc.value)
     bpb = next(m for m in result.scores["refkjv_ppl"] if m.name == "bits_per_byte")
-    pairs = accuracy.documents(folder, result, "refkjv_ppl", bpb)  # per chapter: (log-likelihood, bytes)
+    pairs = records.documents(folder, result, "refkjv_ppl", bpb)  # per chapter: (log-likelihood, bytes)
     total_ll, total_bytes = (sum(v[i] for v in pairs.values()) for i in (0, 1))
     assert -total_ll / total_bytes / math.log(2) == pytest.approx(bpb.value, rel=1e-9)
 
@@ -116,13 +116,13 @@ def test_a_generative_task_runs_greedily_offline_with_per_document_scores(tmp_pa
     assert result.n_samples == {"refkjv_continue": 8}
     assert {m.name for m in result.scores["refkjv_continue"]} == {"exact_match", "chrf"}
     metric = next(m for m in result.scores["refkjv_continue"] if m.name == "chrf")
-    chrf = accuracy.documents(tmp_path, result, "refkjv_continue", metric)
+    chrf = records.documents(tmp_path, result, "refkjv_continue", metric)
     assert len(chrf) == 8 and all(0.0 <= v <= 1.0 for v in chrf.values())
     assert math.isclose(sum(chrf.values()) / 8, metric.value)
     rows = [json.loads(line) for line in (tmp_path / "samples_refkjv_continue.jsonl").read_text().splitlines()]
     assert all(r["filtered_resps"][0].strip() and "\n" not in r["filtered_resps"][0] for r in rows)  # stops at the line
     # the generated token ids, what output length and departures are counted in: the raw generation's
-    ids = accuracy.generated(tmp_path, result, "refkjv_continue")
+    ids = records.generated(tmp_path, result, "refkjv_continue")
     assert sorted(ids) == [("refkjv_continue", r["doc_id"]) for r in rows]
     from transformers import AutoTokenizer
 
@@ -144,7 +144,7 @@ def test_an_emulated_fp8_kv_cache_moves_long_context_scores_a_little(tmp_path):
         (tmp_path / kv).mkdir()
         result = accuracy.evaluate_accuracy(cfg.model_copy(update={"kv_cache_dtype": kv}), tmp_path / kv)
         metric = next(m for m in result.scores["refkjv_needle"] if m.name == "bits_per_byte")
-        got[kv] = {d: v[0] for d, v in accuracy.documents(tmp_path / kv, result, "refkjv_needle", metric).items()}
+        got[kv] = {d: v[0] for d, v in records.documents(tmp_path / kv, result, "refkjv_needle", metric).items()}
     assert got["auto"].keys() == got["fp8"].keys() and len(got["auto"]) == 4
     moved = [abs(got["fp8"][d] - ll) / abs(ll) for d, ll in got["auto"].items()]  # relative to the log-likelihood
     assert all(m > 0 for m in moved) and max(moved) < 0.05

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from helpers import env_with, last_json_line, qeval, root_env, same_logits
 
-from eval.accuracy import GENERATED_IDS, AccuracyResult, Metric, leaves
 from eval.paired import Scored, generation, paired
+from eval.records import GENERATED_IDS, AccuracyResult, Metric, leaves
 from eval.stats import Verdict, compare
 from pipelines.core.cards import Gate
 from pipelines.core.verdicts import BuildVerdict, Measured

@@ -8,9 +8,10 @@ import re
 import pytest
 from helpers import REPO
 
-from eval.accuracy import AccuracyConfig, AccuracyResult, Metric
+from eval.accuracy import AccuracyConfig
 from eval.engine import EngineConfig
 from eval.loadgen import LoadSettings
+from eval.records import AccuracyResult, Metric
 from pipelines.core.errors import QevalError
 from pipelines.core.results import Evaluated, Quantized, VllmSettings
 from pipelines.tracking.mapping import logged

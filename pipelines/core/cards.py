@@ -15,9 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eval.gpus import get_gpu
-from eval.paired import Bootstrap, Threshold
 from pipelines.core.card_errors import describe
 from pipelines.core.errors import QevalError
+from pipelines.core.gating import Gate
 from pipelines.core.paths import cards_dir
 from pipelines.core.traffic import CPU, Traffic
 from quant import recipes
@@ -71,15 +71,37 @@ class Quantization(_Strict):
     ignore: list[str] = Field(list(recipes.IGNORE), description="modules left unquantized")
 
 
+Shots = Annotated[int, Field(ge=0)]
+
+
 class Accuracy(_Strict):
     """lm-eval settings, identical for every build of the model."""
 
     tasks: list[str] = Field(min_length=1, description="lm-eval task names")
     include_path: str | None = Field(None, description="folder of local task YAMLs, relative to the repo")
-    num_fewshot: int = Field(0, ge=0, description="few-shot examples per prompt")
+    num_fewshot: Shots | dict[str, Shots] | None = Field(
+        None,
+        description="few-shot examples per prompt: one number for every task, or per task ({mmlu: 5}; a task "
+        "not named keeps its own); null: each task's own default (gsm8k's 5, most others' 0)",
+    )
     limit: PositiveInt | None = Field(None, description="documents per task (None: all)")
-    batch_size: PositiveInt = Field(8, description="lm-eval batch size")
-    seed: int = Field(1234, description="seed for sampling few-shot examples")
+    batch_size: PositiveInt = Field(8, description="documents per forward on the transformers engine")
+    seed: int = Field(1234, description="seed for sampling few-shot examples and for tasks that generate documents")
+    engine: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description="the engine of record that scores every build: auto: vLLM on a GPU (lm-eval's vllm backend, in "
+        "the engine's environment, .venv-vllm), transformers on a CPU (where it scores faster); recorded as "
+        "each evaluation's eval.backend",
+    )
+    max_length: PositiveInt | None = Field(
+        None,
+        description="tokens per context window; null: the model's positions, at most server.max_model_len (a "
+        "long-context model's 131,072 would make a batch of logits no GPU holds)",
+    )
+    max_seq_lengths: list[PositiveInt] | None = Field(
+        None, description="lengths lm-eval's long-context tasks (RULER's niah_*) generate documents at, each "
+        "within max_length; null: lm-eval's default (4,096)"
+    )  # fmt: skip
 
 
 # What one grid point may ask for at most, whatever the machine: beyond these a card is a typo, not a plan
@@ -198,68 +220,6 @@ class Server(_Strict):
     )
 
 
-class Gate(_Strict):
-    """The policy that decides which quantized build ships (pipelines/decision/ applies it).
-
-    A build passes when every task passes its quality rule at `confidence`, and the speed and memory
-    rules pass. Among passing builds the fastest at `speed_batch` ships (`prefer: speed`; speeds within
-    `tie_tolerance` count as equal and go to the smaller weights), or the smallest (`prefer: memory`;
-    ties to the faster), or the cheapest per million output tokens for the card's traffic on `cost_on`
-    (`prefer: cost`; ties to the smaller weights); `max_cost_per_mtok` bounds that cost.
-    """
-
-    baseline: str = Field("bf16", description="precision every build is compared with")
-    min_recovery: float = Field(0.99, gt=0, le=1.5, description="quantized / baseline score, at least")
-    task_min_recovery: dict[str, float] = Field({}, description="per-task overrides of min_recovery")
-    max_ppl_increase: float | None = Field(
-        None, gt=0, description="perplexity tasks: relative perplexity increase allowed instead of min_recovery"
-    )
-    task_metric: dict[str, str] = Field(
-        {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
-    )
-    controls: dict[str, str] = Field({}, description="a task judged by its gain over another (its control: the same "
-                                     "items without what it probes), document by document")  # fmt: skip
-    max_length_change: float | None = Field(0.10, gt=0, lt=1, description="generative tasks: total output length "
-                                            "within this fraction of the baseline's (MLPerf's 10 %)")  # fmt: skip
-    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
-    bootstrap_resamples: PositiveInt = Field(2000, description="resamples of the documents per paired bootstrap")
-    bootstrap_seed: int = Field(0, description="seed of the paired bootstrap")
-    speed_regime: Literal["engine", "server"] = Field(
-        "engine",
-        description="engine: decode tokens/s per user at speed_batch; server: goodput (requests/s that met "
-        "the SLO) at speed_users concurrent users",
-    )
-    speed_batch: PositiveInt = Field(
-        1, description="engine batch size (from speed.batch_sizes) that speed and memory are judged at"
-    )
-    speed_users: PositiveInt | None = Field(
-        None, description="server regime: concurrency judged (from speed.concurrency; default the highest)"
-    )
-    min_speedup: float | None = Field(
-        1.0, gt=0, description="decode speed-up over the baseline at speed_batch, at least (null: not gated)"
-    )
-    memory_budget_gb: float | None = Field(None, gt=0, description="peak memory at speed_batch allowed, GB")
-    must_fit: list[str] = Field(
-        [], description="GPUs (catalog names) each build must fit on one of, at the largest batch of the grid"
-    )
-    prefer: Literal["speed", "memory", "cost"] = Field("speed", description="how to choose among passing builds")
-    max_cost_per_mtok: float | None = Field(None, gt=0, description="$ per million output tokens on cost_on, at most")
-    cost_on: str | None = Field(None, description="device kind costs are judged on (null: the first target GPU)")
-    tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
-
-    def threshold(self, task: str) -> Threshold:
-        """What `task` is held to: its own min recovery where set, else min_recovery, or for a
-        perplexity-type metric max_ppl_increase where set."""
-        if task in self.task_min_recovery:
-            return Threshold(self.task_min_recovery[task])
-        return Threshold(self.min_recovery, self.max_ppl_increase)
-
-    @property
-    def bootstrap(self) -> Bootstrap:
-        """How every paired interval of the policy is drawn."""
-        return Bootstrap(self.confidence, self.bootstrap_resamples, self.bootstrap_seed)
-
-
 class ModelCard(_Strict):
     """Everything qeval needs to build, measure and gate one model."""
 
@@ -278,6 +238,7 @@ class ModelCard(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelCard:
+        tasks = self.accuracy.tasks
         if problem := variants_problem(self.precisions, self.gate.baseline, self.server.kv_cache_dtype):
             raise ValueError(problem)
         if len(set(self.precisions)) != len(self.precisions):
@@ -287,6 +248,12 @@ class ModelCard(_Strict):
         needing = [p for p in self.precisions if get_precision(p).needs_calibration]
         if needing and self.calibration is None:
             raise ValueError(f"precisions {needing} need a 'calibration' section")
+        if isinstance(self.accuracy.num_fewshot, dict) and (odd := set(self.accuracy.num_fewshot) - set(tasks)):
+            raise ValueError(f"accuracy.num_fewshot names tasks not in accuracy.tasks: {sorted(odd)}")
+        window = self.accuracy.max_length or self.server.max_model_len
+        if window and (longer := [n for n in self.accuracy.max_seq_lengths or () if n > window]):
+            raise ValueError(f"accuracy.max_seq_lengths {longer} are longer than the {window}-token context window "
+                             f"(accuracy.max_length, else server.max_model_len)")  # fmt: skip
         served = set(self.server.served_tasks or []) - set(self.accuracy.tasks)
         if served:
             raise ValueError(f"server.served_tasks: {sorted(served)} are not among accuracy.tasks")
@@ -355,6 +322,12 @@ class ModelCard(_Strict):
             cut = sc.model_copy(update={"input_len": positions - sc.output_len})
             fitted[name] = (cut, f"cut from {sc.input_len} tokens in: the model has {positions} positions")
         return fitted
+
+    def context_window(self, positions: int | None) -> int | None:
+        """Tokens per context window of the accuracy tasks, on every engine: accuracy.max_length, else the model's
+        `positions` at most server.max_model_len; None where neither is known."""
+        known = [n for n in (positions, self.server.max_model_len) if n]
+        return self.accuracy.max_length or (min(known) if known else None)
 
     def require_precision(self, precision: str) -> None:
         """QevalError unless `precision` is known and built for this model."""

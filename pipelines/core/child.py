@@ -41,11 +41,14 @@ def run_child(
     out_dir: Path,
     log_file: Path,
     env: dict[str, str] | None = None,
+    *,
+    python: str | None = None,
 ) -> R:
     """Run library function `fn` (config, out_dir) -> result on `config` in a child process; its result.
 
     The function is passed, not its name, so that the stage that calls it imports its module: the stage's
-    cache key covers its code (pipelines/core/code.py)."""
+    cache key covers its code (pipelines/core/code.py). `python`: another environment's interpreter to run it
+    (the engine's, .venv-vllm, for lm-eval's vllm backend); it imports qeval from the repository it runs in."""
     target = f"{fn.__module__}:{fn.__name__}"
     result_type = get_type_hints(fn)["return"]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -53,7 +56,7 @@ def run_child(
     cfg_path.write_text(config.model_dump_json(indent=2))
     for stale in ("result.json", "error.json"):
         (out_dir / stale).unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pipelines.core.child", target, str(cfg_path), str(out_dir)]
+    cmd = [python or sys.executable, "-m", "pipelines.core.child", target, str(cfg_path), str(out_dir)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     echo = logging.getLogger().isEnabledFor(logging.DEBUG)
     with open(log_file, "ab") as log:

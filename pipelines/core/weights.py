@@ -59,9 +59,28 @@ def resolve_weights(card: ModelCard) -> str:
     try:
         folder = snapshot_download(src.hub_id, revision=src.revision, allow_patterns=_WEIGHT_FILES)
     except Exception as e:  # httpx, requests and the hub's own errors alike: one line, the fix
+        if refused := _refusal(e):
+            raise WeightsRefused(f"model '{card.name}': the hub refused {src.location} ({refused})") from None
         raise QevalError(f"{unavailable} and the download failed ({type(e).__name__}); download them where the "
                          f"hub is reachable or set source.path to a local copy") from None  # fmt: skip
     return require_safetensors(card, Path(folder))
+
+
+class WeightsRefused(QevalError):
+    """The hub answered and will not give these weights: a gated or private repository without access, or an id
+    or revision it does not have. An error for any run, never a reason to run the speed half alone."""
+
+
+def _refusal(e: Exception) -> str | None:
+    """Why the hub refused a download, in words with the fix; None where it did not answer with a refusal."""
+    name = type(e).__name__
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if name == "GatedRepoError" or status in (401, 403):
+        return (f"HTTP {status or 403}: gated or private, and this machine has no access; accept its licence on the "
+                f"hub, then log in (`hf auth login`, or HF_TOKEN)")  # fmt: skip
+    if name in ("RepositoryNotFoundError", "RevisionNotFoundError") or status == 404:
+        return f"HTTP {status or 404}: no such repository or revision; check source.hub_id and source.revision"
+    return None
 
 
 def _check_hub(card: ModelCard, unavailable: str) -> None:
@@ -133,6 +152,22 @@ def weights_identity(card: ModelCard, folder: str) -> str:
     if card.source.path is None:
         return card.source.location
     return file_digest([*sorted(Path(folder).glob("*.safetensors")), Path(folder) / "config.json"])
+
+
+def model_config(checkpoint: str) -> dict:
+    """A checkpoint's config.json ({} where it has none that reads)."""
+    try:
+        cfg = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def model_positions(checkpoint: str) -> int | None:
+    """The context a checkpoint's model was built for (its config.json's positions), where it says."""
+    cfg = model_config(checkpoint)
+    cfg = cfg.get("text_config", cfg)
+    return (cfg.get("max_position_embeddings") or cfg.get("n_positions")) if isinstance(cfg, dict) else None
 
 
 def architecture_config(card: ModelCard, purpose: str) -> Path:

@@ -1,4 +1,10 @@
-"""The evaluate stage: lm-eval accuracy of one build, and its recovery against the baseline's."""
+"""The evaluate stage: lm-eval accuracy of one build, and its recovery against the baseline's.
+
+Every build of a card is scored by one engine of record, the card's `accuracy.engine`: on `auto`, vLLM on a
+GPU (lm-eval's vllm backend, run by the engine's own Python, .venv-vllm, where vLLM lives) and transformers on
+a CPU, where it scores faster than vLLM's CPU build; the engine is each evaluation's `backend` setting, so the
+baseline and its builds are compared only when one engine scored them all.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,12 @@ from pathlib import Path
 
 import eval.accuracy as accuracy
 from eval.compare import recoveries
+from eval.kvcache import rounds_query
+from eval.sizing import KV_DTYPE_BYTES
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
-from pipelines.core.code import environment
 from pipelines.core.demands import check_tasks
+from pipelines.core.device import compute_device
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
 from pipelines.core.layout import STAGE_LOG
@@ -19,8 +27,9 @@ from pipelines.core.paths import REPO_ROOT, resolve_repo_path
 from pipelines.core.results import Evaluated, evaluation_settings
 from pipelines.core.runner import run_stage
 from pipelines.core.tracker import Tracker
-from pipelines.core.weights import checkpoint_for, offline_env
-from quant.execution import Device, compute_dtype
+from pipelines.core.weights import checkpoint_for, model_config, model_positions, offline_env
+from pipelines.stages.engines import Vllm, find_vllm, gpu_memory_plan
+from quant.execution import compute_dtype
 from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
@@ -32,42 +41,93 @@ def evaluate(
     """Run the card's lm-eval tasks on one build and log them to its MLflow run."""
     check_tasks(card)  # every task YAML readable and every task defined, before a model loads
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
-    cfg = _config(card, precision, checkpoint, limit)
+    cfg = accuracy_config(card, precision, checkpoint, limit)
     include = Path(cfg.include_path) if cfg.include_path else None
     task_data = file_digest(accuracy.task_files(include, REPO_ROOT)) if include else None
     baseline = _baseline(card, precision, cfg, task_data)
+    vllm = _engine_python(card, cfg)
     inputs = {
         "checkpoint": checkpoint_id,
+        "engine_version": f"{vllm.distribution} {vllm.version}" if vllm else None,
         "settings": evaluation_settings(cfg, task_data),
         "kv_cache_dtype": cfg.kv_cache_dtype,  # apart from the settings, which a KV-cache variant shares
         "baseline": baseline.inputs_digest if baseline else None,
     }
 
     def work(out: Path) -> Evaluated:
-        return _evaluate(card, precision, cfg, task_data, baseline.result if baseline else None, out)
+        return _evaluate(card, precision, cfg, task_data, baseline.result if baseline else None, out, vllm)
 
     return run_stage(tracker, precision, Evaluated, inputs, work, force=force)
 
 
-def _config(card: ModelCard, precision: str, checkpoint: str, limit: int | None) -> accuracy.AccuracyConfig:
-    acc = card.accuracy
+def accuracy_config(
+    card: ModelCard, precision: str, checkpoint: str, limit: int | None = None
+) -> accuracy.AccuracyConfig:
+    """The lm-eval settings of one build here: the card's, the engine of record for this device, its context window."""
+    acc, here = card.accuracy, compute_device()
     include = resolve_repo_path(acc.include_path) if acc.include_path else None
     if include is not None and not include.is_dir():
         raise QevalError(f"model '{card.name}': accuracy.include_path {include} is not a folder")
+    backend = acc.engine if acc.engine != "auto" else ("vllm" if here.kind == "cuda" else "hf")
+    kv = kv_cache_dtype(precision, card.server.kv_cache_dtype)
+    config = model_config(checkpoint)
+    window = card.context_window(model_positions(checkpoint))
+    share, eager, batch = (0.9, False, acc.batch_size)
+    if backend == "vllm":  # sized like the build's server: a small model eager, in a share of the GPU it needs
+        share, eager = gpu_memory_plan(config, KV_DTYPE_BYTES[kv], acc.batch_size, window or 2048,
+                                       here.memory_bytes) if here.kind == "cuda" else (0.9, True)  # fmt: skip
+        share = min(share, SCORING_SHARE)
+    elif here.kind == "cuda" and here.memory_bytes:
+        batch = min(batch, _logits_batch(config, window, here.memory_bytes))
     return accuracy.AccuracyConfig(
         checkpoint=checkpoint,
         tasks=acc.tasks,
         include_path=str(include) if include else None,
         num_fewshot=acc.num_fewshot,
         limit=limit or acc.limit,
-        batch_size=acc.batch_size,
+        batch_size=batch,
         seed=acc.seed,
-        dtype=compute_dtype(Device(environment()["device"])),
+        dtype=compute_dtype(here.device),
         trust_remote_code=card.source.trust_remote_code,
-        tensor_parallel=card.server.tensor_parallel or 1,  # lm-eval's vLLM backend, where it runs (a GPU)
-        # the KV cache the build is served with: vLLM's own on a GPU, emulated by the hf backend elsewhere
-        kv_cache_dtype=kv_cache_dtype(precision, card.server.kv_cache_dtype),
+        backend=backend,
+        tensor_parallel=card.server.tensor_parallel or 1,
+        vllm_memory_share=share,
+        vllm_eager=eager,
+        max_length=window,
+        max_seq_lengths=acc.max_seq_lengths,
+        # the KV cache the build is served with: vLLM's own, or emulated on transformers as vLLM keeps it here
+        kv_cache_dtype=kv,
+        fp8_query=kv == "fp8" and backend == "hf" and rounds_query(here.capability),
     )
+
+
+SCORING_SHARE = 0.85
+"""The most of a GPU vLLM takes to score: its memory profiling does not count the logits of prompt
+log-probabilities, which every log-likelihood asks for (vllm-project/vllm#5067), so a tenth is not enough
+room beside a 0.9 share."""
+LOGITS_SHARE = 0.25
+"""The share of a GPU a batch of the transformers engine's logits may take."""
+
+
+def _logits_batch(config: dict, window: int | None, gpu_memory: int) -> int:
+    """Documents per forward that keep transformers' logits of a full window within LOGITS_SHARE of the GPU: a
+    16-bit [batch, window, vocabulary] tensor and its float32 log-softmax, 10 bytes an entry (lm-eval's hf
+    backend scores a rolling window whole). The same for every build of a model: it is its shape's."""
+    vocab = config.get("text_config", config).get("vocab_size") or 0
+    per_document = 10 * (window or 0) * vocab
+    return max(1, int(LOGITS_SHARE * gpu_memory // per_document)) if per_document else 1_000_000
+
+
+def _engine_python(card: ModelCard, cfg: accuracy.AccuracyConfig) -> Vllm | None:
+    """The Python that runs lm-eval's vllm backend (None for transformers, which runs in this environment)."""
+    if cfg.backend != "vllm":
+        return None
+    found = find_vllm()
+    if found is None or not found.lm_eval:
+        what = "no vLLM is installed here" if found is None else f"{found.python} has vLLM but not lm-eval"
+        raise QevalError(f"model '{card.name}': accuracy.engine is vllm (lm-eval's vllm backend) and {what}; make it "
+                         f"with `make engine` (.venv-vllm), or set accuracy.engine: hf")  # fmt: skip
+    return found
 
 
 def _evaluate(
@@ -77,8 +137,12 @@ def _evaluate(
     task_data: str | None,
     baseline: Evaluated | None,
     out: Path,
+    vllm: Vllm | None,
 ) -> Evaluated:
-    result = run_child(accuracy.evaluate_accuracy, cfg, out, out / STAGE_LOG, offline_env(card))
+    env = offline_env(card)
+    if vllm is not None and compute_device().kind == "cpu":  # vLLM's CPU build sizes its cache from this
+        env = {**env, "VLLM_CPU_KVCACHE_SPACE": f"{card.server.cpu_kv_cache_gb:g}"}
+    result = run_child(accuracy.evaluate_accuracy, cfg, out, out / STAGE_LOG, env, python=vllm.python if vllm else None)
     for task in cfg.tasks:
         shown = ", ".join(f"{m.id}={m.value:.4g}" for m in result.scores.get(task, []))
         log.info("%s@%s %s: %s (chance %s)", card.name, precision, task, shown, result.chance.get(task))

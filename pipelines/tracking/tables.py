@@ -169,11 +169,15 @@ EVAL_SETTINGS = {
     "dtype": "eval.dtype",
     "softmax_dtype": "eval.softmax_dtype",
     "kv_cache_dtype": "eval.kv_cache_dtype",
+    "fp8_query": "eval.fp8_query",
     "bootstrap_iters": "eval.bootstrap_iters",
     "trust_remote_code": "eval.trust_remote_code",
     "backend": "eval.backend",
     "tensor_parallel": "eval.tensor_parallel",
+    "vllm_memory_share": "eval.vllm_memory_share",
+    "vllm_eager": "eval.vllm_eager",
     "max_length": "eval.max_length",
+    "max_seq_lengths": "eval.max_seq_lengths",
 }
 VLLM_SETTINGS = {
     "device": "server.device",
@@ -225,6 +229,7 @@ NOT_SETTINGS = {  # config type name -> its fields that are not settings, and wh
         "precision": "the run's tag",
         "trust_remote_code": "quant.trust_remote_code",
         "dtype": "quant.dtype",
+        "device": "where both models ran: the stage's environment (the GPU's name, or the CPU) says",
     },
     "AccuracyConfig": {
         "checkpoint": "a path",

@@ -1,0 +1,139 @@
+"""lm-eval's results as qeval reads them: its scores normalised, and its per-document records read back.
+
+eval/accuracy.py runs lm-eval and writes what it returns; this module reads what lm-eval wrote (result keys
+like `acc,none`, "N/A" stderrs, `samples_<task>.jsonl`), and nothing else in qeval does. document_metrics()
+and documents() read the per-document records back, pooling a group's subtasks, for paired statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Metric(BaseModel):
+    """One aggregate lm-eval reports for a task: a metric under a filter, with its stderr."""
+
+    name: str = Field(description="lm-eval's metric name: acc, acc_norm, bits_per_byte, exact_match ...")
+    filter: str = Field("none", description="lm-eval's filter; `none` for most tasks, gsm8k's strict-match")
+    value: float
+    stderr: float | None = Field(None, description="None where lm-eval gives none ('N/A')")
+    higher_is_better: bool = True
+
+    @property
+    def id(self) -> str:
+        """The metric's name, with its filter where that is not `none`: `acc`, `exact_match/strict-match`."""
+        return self.name if self.filter == "none" else f"{self.name}/{self.filter}"
+
+
+class AccuracyResult(BaseModel):
+    """lm-eval's scores, normalised, plus what is needed to reproduce and trust them."""
+
+    scores: dict[str, list[Metric]] = Field(description="per task (and group), every numeric metric reported")
+    groups: dict[str, list[str]] = Field({}, description="a group's subtasks, as lm-eval nests them")
+    n_samples: dict[str, int] = Field(description="documents evaluated per task")
+    versions: dict[str, Any] = Field(description="task versions as lm-eval reports them")
+    chance: dict[str, float | None] = Field(description="chance level per task (task metadata `chance`)")
+    datasets: dict[str, dict[str, Any]] = Field(description="per task: data source and sha256 of local files")
+    backend: str = Field(description="lm-eval model backend used")
+    lm_eval_version: str
+    seconds: float
+    peak_rss_mb: float = Field(description="peak resident memory of the evaluating process")
+
+    def values(self) -> dict[str, dict[str, float]]:
+        """task -> metric id -> value."""
+        return {t: {m.id: m.value for m in ms} for t, ms in self.scores.items()}
+
+    def higher_is_better(self) -> dict[str, dict[str, bool]]:
+        """task -> metric id -> whether higher is better."""
+        return {t: {m.id: m.higher_is_better for m in ms} for t, ms in self.scores.items()}
+
+
+GENERATED_IDS = "generated_ids"
+"""The per-document record's field (generative tasks) holding the generated text's token ids."""
+
+
+def generated(folder: Path, result: AccuracyResult, task: str) -> dict[tuple[str, Any], list[int]]:
+    """(task, doc_id) -> the generated token ids of a generative task (a group's pooled); empty where the
+    task does not generate or its records predate them."""
+    out: dict[tuple[str, Any], list[int]] = {}
+    for leaf, row in _records(folder, result, task):
+        if GENERATED_IDS in row:
+            out.setdefault((leaf, row["doc_id"]), row[GENERATED_IDS])
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def scores(results: dict[str, dict[str, Any]], higher_is_better: dict[str, dict[str, bool]]) -> dict[str, list[Metric]]:
+    """lm-eval's `results` section (keys `metric,filter`, stderrs as `metric_stderr,filter`) as Metrics."""
+    out: dict[str, list[Metric]] = {}
+    for task, values in results.items():
+        metrics = []
+        for key, value in values.items():
+            name, sep, filt = key.partition(",")
+            if not sep or name.endswith("_stderr") or _number(value) is None:
+                continue  # `alias`, `samples`, stderrs (taken with their metric), text
+            metrics.append(
+                Metric(
+                    name=name,
+                    filter=filt or "none",
+                    value=_number(value),
+                    stderr=_number(values.get(f"{name}_stderr,{filt}")),
+                    higher_is_better=(higher_is_better.get(task) or {}).get(name, True),
+                )
+            )
+        out[task] = metrics
+    return out
+
+
+def leaves(task: str, groups: dict[str, list[str]]) -> list[str]:
+    """The tasks with per-document records under `task`: itself, or a group's subtasks, recursively."""
+    if task not in groups:
+        return [task]
+    return [leaf for sub in groups[task] for leaf in leaves(sub, groups)]
+
+
+def _samples(folder: Path, task: str) -> Path:
+    path = folder / f"samples_{task}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no per-document records {path}")
+    return path
+
+
+def document_metrics(folder: Path, result: AccuracyResult, task: str) -> list[Metric]:
+    """The task's reported metrics that also have per-document values (a group: those of its first leaf)."""
+    first = leaves(task, result.groups)[0]
+    with _samples(folder, first).open() as f:
+        row = json.loads(f.readline())
+    reported = result.scores.get(task) or result.scores.get(first) or []
+    return [m for m in reported if m.name in row]
+
+
+def documents(folder: Path, result: AccuracyResult, task: str, metric: Metric) -> dict[tuple[str, Any], Any]:
+    """(task, doc_id) -> the metric's per-document value: a score, or [log-likelihood, length] for
+    perplexity-type metrics. A group's documents are pooled, which weighs each subtask by its size as
+    lm-eval's groups do."""
+    out = {}
+    for leaf, row in _records(folder, result, task):
+        if row.get("filter", metric.filter) == metric.filter and metric.name in row:
+            value = row[metric.name]
+            out[(leaf, row["doc_id"])] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def _records(folder: Path, result: AccuracyResult, task: str) -> Iterator[tuple[str, dict]]:
+    """(leaf task, per-document record) for `task`, a group's subtasks in turn."""
+    for leaf in leaves(task, result.groups):
+        with _samples(folder, leaf).open() as f:
+            for line in f:
+                yield leaf, json.loads(line)

@@ -1,0 +1,82 @@
+"""A card's gate section (`gate:`): the policy that decides which quantized build ships.
+
+pipelines/decision/ applies it; the card (pipelines/core/cards.py) checks it against the card's tasks, grid
+and GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eval.paired import Bootstrap, Threshold
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class Gate(_Strict):
+    """The policy that decides which quantized build ships (pipelines/decision/ applies it).
+
+    A build passes when every task passes its quality rule at `confidence`, and the speed and memory
+    rules pass. Among passing builds the fastest at `speed_batch` ships (`prefer: speed`; speeds within
+    `tie_tolerance` count as equal and go to the smaller weights), or the smallest (`prefer: memory`;
+    ties to the faster), or the cheapest per million output tokens for the card's traffic on `cost_on`
+    (`prefer: cost`; ties to the smaller weights); `max_cost_per_mtok` bounds that cost.
+    """
+
+    baseline: str = Field("bf16", description="precision every build is compared with")
+    min_recovery: float = Field(0.99, gt=0, le=1.5, description="quantized / baseline score, at least")
+    task_min_recovery: dict[str, float] = Field({}, description="per-task overrides of min_recovery")
+    max_ppl_increase: float | None = Field(
+        None, gt=0, description="perplexity tasks: relative perplexity increase allowed instead of min_recovery"
+    )
+    task_metric: dict[str, str] = Field(
+        {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
+    )
+    controls: dict[str, str] = Field({}, description="a task judged by its gain over another (its control: the same "
+                                     "items without what it probes), document by document")  # fmt: skip
+    max_length_change: float | None = Field(0.10, gt=0, lt=1, description="generative tasks: total output length "
+                                            "within this fraction of the baseline's (MLPerf's 10 %)")  # fmt: skip
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
+    bootstrap_resamples: PositiveInt = Field(2000, description="resamples of the documents per paired bootstrap")
+    bootstrap_seed: int = Field(0, description="seed of the paired bootstrap")
+    speed_regime: Literal["engine", "server"] = Field(
+        "engine",
+        description="engine: decode tokens/s per user at speed_batch; server: goodput (requests/s that met "
+        "the SLO) at speed_users concurrent users",
+    )
+    speed_batch: PositiveInt = Field(
+        1, description="engine batch size (from speed.batch_sizes) that speed and memory are judged at"
+    )
+    speed_users: PositiveInt | None = Field(
+        None, description="server regime: concurrency judged (from speed.concurrency; default the highest)"
+    )
+    min_speedup: float | None = Field(
+        1.0, gt=0, description="decode speed-up over the baseline at speed_batch, at least (null: not gated)"
+    )
+    memory_budget_gb: float | None = Field(None, gt=0, description="peak memory at speed_batch allowed, GB")
+    must_fit: list[str] = Field(
+        [], description="GPUs (catalog names) each build must fit on one of, at the largest batch of the grid"
+    )
+    prefer: Literal["speed", "memory", "cost"] = Field("speed", description="how to choose among passing builds")
+    max_cost_per_mtok: float | None = Field(None, gt=0, description="$ per million output tokens on cost_on, at most")
+    cost_on: str | None = Field(None, description="device kind costs are judged on (null: the first target GPU)")
+    tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
+
+    def threshold(self, task: str) -> Threshold:
+        """What `task` is held to: its own min recovery where set, else min_recovery, or for a
+        perplexity-type metric max_ppl_increase where set."""
+        if task in self.task_min_recovery:
+            return Threshold(self.task_min_recovery[task])
+        return Threshold(self.min_recovery, self.max_ppl_increase)
+
+    @property
+    def bootstrap(self) -> Bootstrap:
+        """How every paired interval of the policy is drawn."""
+        return Bootstrap(self.confidence, self.bootstrap_resamples, self.bootstrap_seed)
