@@ -13,10 +13,10 @@ The pipeline runs bench_engine() in a fresh process per build (pipelines/core/ch
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import platform
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eval import speed
 from eval.gpus import peak_bandwidth
+from eval.instruments import Clock, RssPeak, measure_copy_bandwidth
 from eval.kvcache import fp8_kv_attention
 from eval.sizing import Shape
 from quant.execution import CPU, DEQUANTIZED, Device, Execution, execution
@@ -75,6 +76,7 @@ class PointResult(BaseModel):
     chars_per_s_total: float | None = Field(None, description="decode_tps_total x characters per token")
     peak_mem_bytes: int | None = None
     mbu: float | None = None
+    compile_error: str | None = Field(None, description="why this point ran eager where the build compiled")
 
 
 class EngineResult(BaseModel):
@@ -106,62 +108,6 @@ class EngineResult(BaseModel):
         return str(self.execution)
 
 
-class _Clock:
-    """A generate() streamer that records when each new token exists (device synchronized)."""
-
-    def __init__(self, sync):
-        self.sync, self.times, self.prompt_seen = sync, [], False
-
-    def put(self, value) -> None:
-        if not self.prompt_seen:  # generate() first streams the prompt
-            self.prompt_seen = True
-            return
-        self.sync()
-        self.times.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-
-class _RssPeak:
-    """Peak resident memory of this process while a block runs (sampled every 2 ms)."""
-
-    def __init__(self):
-        import psutil
-
-        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
-
-    def __enter__(self):
-        self.peak = self.proc.memory_info().rss
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self.thread.join()
-
-
-def measure_copy_bandwidth(device: str = "cpu", sync=lambda: None, megabytes: int = 256, repeats: int = 5) -> float:
-    """Copy bandwidth of a device's memory in bytes/s, best of `repeats` (a copy reads and writes each byte)."""
-    import torch
-
-    a = torch.ones(megabytes * 2**20 // 4, device=device)
-    b = torch.empty_like(a)
-    best = 0.0
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        b.copy_(a)
-        sync()
-        best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t0))
-    return best
-
-
 def _load(cfg: EngineConfig, device: str):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -180,6 +126,19 @@ def _load(cfg: EngineConfig, device: str):
         ).to(device)
         tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
     return model.eval(), tokenizer
+
+
+def _resident_bytes(model) -> int:
+    """Bytes of parameters and buffers the model holds once it has run: transformers leaves a compressed-tensors
+    checkpoint's weights packed when it loads them and decompresses them at the first forward
+    (transformers/quantizers/quantizer_compressed_tensors.py, `dequantize=False`), so every forward after
+    that reads the 16-bit weights; counted before it, a low-bit build's bytes (and so its MBU) were a fraction
+    of what its decode steps read."""
+    import torch
+
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[1, 2, 3, 4]], device=model.device))
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 def _indexed_embedding_bytes(model) -> int:
@@ -202,10 +161,13 @@ def _chars_per_token(tokenizer) -> float | None:
 
 def _compile_config(cuda: bool):
     """Decode-only compilation, as gpt-fast does: generate() runs the prefill eager and compiles the
-    one-token step over the static cache, specialised to each shape (CUDA graphs on CUDA)."""
+    one-token step over the static cache (CUDA graphs on CUDA). Compiled for the grid's first shape; the
+    first other shape compiles once more with its batch and cache length symbolic (torch's automatic dynamic
+    shapes, `dynamic=None`), and that graph serves the rest of the grid, where a graph per shape would compile
+    once per grid point."""
     from transformers import CompileConfig
 
-    config = CompileConfig(fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else "default")
+    config = CompileConfig(fullgraph=True, dynamic=None, mode="reduce-overhead" if cuda else "default")
     # generate() compiles by itself only on CUDA-like devices; CompileConfig._compile_all_devices is the
     # flag its auto-compile check reads to do so elsewhere (transformers 5.17, generation/utils.py,
     # _valid_auto_compile_criteria), which is how the compiled path is tested on a CPU.
@@ -225,7 +187,7 @@ def _decode_setup(model, cfg: EngineConfig, cuda: bool, sync) -> tuple[dict, str
     if not (cfg.compile if cfg.compile is not None else cuda):
         return {}, "dynamic cache, eager", None
     grid = len(cfg.batch_sizes) * len(cfg.input_lengths) * len(cfg.output_lengths)
-    # one specialised graph per grid shape; past the limit dynamo would quietly run eager
+    # at most a graph per grid shape, should a shape not fit the dynamic one; past the limit dynamo runs eager
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, grid + 2)
     compiled = {"cache_implementation": "static", "compile_config": _compile_config(cuda)}
     try:
@@ -267,7 +229,7 @@ def _run_point(model, cfg: EngineConfig, batch: int, input_len: int, output_len:
     warmup = max(cfg.warmup, 1) if "compile_config" in extra else cfg.warmup
     runs = []
     for i in range(warmup + cfg.repeats):
-        clock = _Clock(sync)
+        clock = Clock(sync)
         sync()
         t0 = time.perf_counter()
         _generate(model, cfg, batch, input_len, output_len, extra, clock)
@@ -303,7 +265,7 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
     kv_token = Shape.from_config(model.config.to_dict()).kv_bytes_per_token(
         torch.finfo(getattr(torch, cfg.dtype)).bits // 8
     )
-    weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    weight_bytes = _resident_bytes(model)
     embedding_bytes = _indexed_embedding_bytes(model)
     if cfg.bandwidth_gb_s:
         bandwidth, source = cfg.bandwidth_gb_s * 1e9, "given"
@@ -343,24 +305,40 @@ def bench_engine(cfg: EngineConfig, out_dir: Path) -> EngineResult:
 
 
 def _point(h: _Harness, b: int, i: int, o: int) -> PointResult:
-    """One grid point: its timed runs, or `oom` when it does not fit."""
+    """One grid point: its timed runs, or `oom` when it does not fit. A compiled build whose graph fails at this
+    point (a compile error at a shape the first did not meet) measures the point eager and says why, rather
+    than losing the grid."""
     import torch
 
     try:
-        if h.cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            runs = _run_point(h.model, h.cfg, b, i, o, h.sync, h.generate_args)
-            peak = torch.cuda.max_memory_allocated()
-        else:
-            # the peak in a run of its own: the sampler's thread, waking every 2 ms, costs a small model's
-            # decode about 5 % on 2 cores (README, "How speed is measured"), so no timed run carries it
-            with _RssPeak() as rss:
-                _generate(h.model, h.cfg, b, i, o, h.generate_args)
-            peak = rss.peak
-            runs = _run_point(h.model, h.cfg, b, i, o, h.sync, h.generate_args)
+        return _measure(h, b, i, o)
     except (torch.cuda.OutOfMemoryError, MemoryError):
         return PointResult(batch=b, input_len=i, output_len=o, status="oom")
+    except Exception as e:  # whatever dynamo or inductor raised at this shape
+        if "compile_config" not in h.generate_args:
+            raise
+        torch._dynamo.reset()
+        eager = dataclasses.replace(h, generate_args={"cache_implementation": "static", "disable_compile": True})
+        lines = str(e).strip().splitlines()
+        why = f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
+        return _point(eager, b, i, o).model_copy(update={"compile_error": why})
+
+
+def _measure(h: _Harness, b: int, i: int, o: int) -> PointResult:
+    import torch
+
+    if h.cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        runs = _run_point(h.model, h.cfg, b, i, o, h.sync, h.generate_args)
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        # the peak in a run of its own: the sampler's thread, waking every 2 ms, costs a small model's decode
+        # a few per cent on 2 cores (README, "How speed is measured"), so no timed run carries it
+        with RssPeak() as rss:
+            _generate(h.model, h.cfg, b, i, o, h.generate_args)
+        peak = rss.peak
+        runs = _run_point(h.model, h.cfg, b, i, o, h.sync, h.generate_args)
     ttft = [(times[0] - t0) * 1e3 for t0, times in runs]
     e2e = [(times[-1] - t0) * 1e3 for t0, times in runs]
     itl = [(t1 - t0) * 1e3 for _, times in runs for t0, t1 in itertools.pairwise(times)]

@@ -26,7 +26,8 @@ def test_figures_are_consistent(benched):
         rows = list(csv.DictReader((record.path / "grid.csv").open()))
         assert [int(r["batch"]) for r in rows] == [1, 2] and all(r["status"] == "ok" for r in rows)
         for r in rows:
-            f = {k: float(v) for k, v in r.items() if k not in ("precision", "device", "kernels", "status")}
+            words = ("precision", "device", "kernels", "status", "compile_error")
+            f = {k: float(v) for k, v in r.items() if k not in words}
             assert f["decode_tps_total"] == pytest.approx(f["decode_tps_per_user"] * f["batch"])
             assert 0 < f["ttft_ms_p50"] < f["e2e_ms_p50"] and f["repeats"] == 3
             assert f["ttft_ms_p50"] <= f["ttft_ms_p90"] and f["e2e_ms_p50"] <= f["e2e_ms_p90"]
@@ -63,7 +64,9 @@ def test_speedup_is_checked_against_the_resident_bytes(benched):
     assert up.byte_ratio_vs_baseline == pytest.approx(
         base.engine.weight_bytes / benched["gptq"].result.engine.weight_bytes
     )
-    assert up.byte_ratio_vs_baseline > 1.5  # compressed-tensors keeps the 4-bit weights packed in memory
+    # transformers decompresses the packed 4-bit weights at the first forward and reads them in 16 bits at
+    # every step after it: the resident bytes are the baseline's, scales aside (issue 39)
+    assert 0.97 < up.byte_ratio_vs_baseline < 1.0
     assert up.speedup_suspect == (up.speedup_vs_baseline > 1.15 * up.byte_ratio_vs_baseline)
     assert up.same_engine_as_baseline  # both eager with a dynamic cache on a CPU
 
