@@ -16,18 +16,26 @@ from __future__ import annotations
 
 def clamp_with_number_bounds() -> bool:
     """In this process, give compressed-tensors' fake quantization its range as Python numbers; True if this
-    call patched it (False when already patched)."""
+    call patched it (False when already patched).
+
+    The numbers are read off the range's tensors once per (type, bits), which is all the range depends on
+    (upstream memoizes its tensors on those and the device): reading a CUDA tensor's value waits for the GPU,
+    twice per fake-quantized linear layer and forward if done at every call."""
     from compressed_tensors.quantization.lifecycle import forward
 
     upstream = forward.calculate_range
     if getattr(upstream, "number_bounds", False):
         return False
+    ends: dict[tuple[str, int], tuple[float, float]] = {}
 
     def calculate_range(quantization_args, device):
-        q_min, q_max = upstream(quantization_args, device)
-        if q_min.device.type == "meta":  # loading, with no values to clamp (and none to read)
-            return q_min, q_max
-        return q_min.item(), q_max.item()
+        if str(device).startswith("meta"):  # loading, with no values to clamp (and none to read)
+            return upstream(quantization_args, device)
+        key = (str(quantization_args.type), quantization_args.num_bits)
+        if key not in ends:
+            q_min, q_max = upstream(quantization_args, device)
+            ends[key] = (q_min.item(), q_max.item())
+        return ends[key]
 
     calculate_range.number_bounds = True
     forward.calculate_range = calculate_range

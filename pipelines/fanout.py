@@ -10,8 +10,10 @@ precision's checkpoint, which stays on the node that built it: its chain runs in
 it. A task that fails returns its error and leaves the others running; the driver gates and reports the
 builds that finished once every task has ended.
 
-A task asks Ray for one GPU where the card names target GPUs and the cluster has GPUs, else for
-`cpus` CPUs (Ray sets the task's OMP_NUM_THREADS to match, and qeval's child processes inherit it).
+A task asks Ray for what its build's stages use (task_resources()): on a cluster with GPUs, for a card with
+target GPUs, the build's GPUs (its tensor- and pipeline-parallel degrees) and the cluster's share of CPUs
+that comes with them; else for `cpus` CPUs. Ray sets the task's OMP_NUM_THREADS to its CPUs, and qeval's child
+processes inherit it.
 Ray is an optional extra: `pip install -e '.[ray]'`.
 """
 
@@ -166,8 +168,7 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
     except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError for a bad address
         raise QevalError(f"cannot join the Ray cluster at {address}: {str(e).splitlines()[0][:300]}") from None
     try:
-        gpus = ray.cluster_resources().get("GPU", 0)
-        need: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1} if gpus and card.target_gpus else {"num_cpus": cpus}
+        need = task_resources(ray.cluster_resources(), card, cpus)
         log.info("Ray cluster %s: %s; one task per build, each asking for %s", address,
                  _resources(ray.cluster_resources()), _resources(need))  # fmt: skip
         milestones = _milestones_actor(ray).remote()
@@ -186,6 +187,25 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
             raise
     finally:
         ray.shutdown()
+
+
+def task_resources(cluster: dict[str, float], card: ModelCard, cpus: float) -> dict[str, float]:
+    """What one build's task asks Ray for, given the cluster's resources.
+
+    On a cluster with GPUs, for a card with target GPUs: the GPUs a build is served on (server.tensor_parallel
+    times pipeline_parallel; 1 where the card leaves it to the size stage), so that vLLM's parallel degrees
+    see them, and the cluster's CPUs per GPU for each: loading, saving, calibration and lm-eval's data run on
+    them, and a task of one CPU gets one thread. Without GPUs, `cpus` CPUs. QevalError where the cluster has
+    fewer GPUs than a build needs (Ray would wait for them forever)."""
+    gpus = cluster.get("GPU", 0)
+    if not gpus or not card.target_gpus:
+        return {"num_cpus": cpus}
+    degree = (card.server.tensor_parallel or 1) * card.server.pipeline_parallel
+    if degree > gpus:
+        raise QevalError(f"{card.name}: a build is served on {degree} GPUs (server.tensor_parallel x "
+                         f"pipeline_parallel) and the Ray cluster has {gpus:g}")  # fmt: skip
+    per_gpu = max(1, int(cluster.get("CPU", 1) // gpus))
+    return {"num_gpus": degree, "num_cpus": per_gpu * degree}
 
 
 def _resources(r: dict[str, Any]) -> str:
