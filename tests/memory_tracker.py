@@ -68,6 +68,7 @@ class MemoryTracker:
     def __init__(self, model: str):
         self.model = model
         self.uri = "memory"
+        self.local_artifacts = True
         self.runs: dict[str, MemoryRun] = {}
         self.versions: list[dict[str, str]] = []
         self.ship: dict[str, str] | None = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -155,9 +154,9 @@ def test_builds_are_logged_to_mlflow(own_root, builds):
             assert run.data.params["quant.calibration_samples"] == "4"
         artifacts = {a.path for a in client.list_artifacts(record.run_id, "quantize")}
         assert "quantize/recipe.yaml" in artifacts
-        # the checkpoint too: the registry's `ship` points at it and other machines pull it from there
-        logged = {Path(a.path).name for a in client.list_artifacts(record.run_id, "quantize/checkpoint")}
-        assert {p.name for p in Path(record.result.checkpoint).iterdir()} == logged
+        # not the checkpoint, which a store on this machine's disk would hold twice (the gate logs the one that
+        # ships, tests/test_gate.py); a store on another machine gets it (tests/test_team.py)
+        assert tracker.local_artifacts and not client.list_artifacts(record.run_id, "quantize/checkpoint")
 
 
 @pytest.mark.slow

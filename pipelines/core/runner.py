@@ -60,8 +60,15 @@ def _capture_log(path: Path) -> Iterator[None]:
 
 
 def _files(folder: Path) -> list[Path]:
-    """What a stage folder logs: everything but empty files (a stage that logged nothing)."""
+    """What a stage folder holds that is worth logging: everything but empty files (a stage that logged nothing)."""
     return [p for p in sorted(folder.iterdir()) if not (p.is_file() and p.stat().st_size == 0)]
+
+
+def _logged(tracker: Tracker, stage: str, folder: Path) -> list[Path]:
+    """What of a stage's folder goes to the tracker: its files, less those the stage keeps locally where the
+    store is on this machine's disk (StageResult.KEPT_LOCALLY)."""
+    kept = STAGES[stage].result.KEPT_LOCALLY if tracker.local_artifacts else ()
+    return [p for p in _files(folder) if p.name not in kept]
 
 
 def _log_to_run(tracker: Tracker, manifest: Manifest, folder: Path) -> str:
@@ -69,7 +76,7 @@ def _log_to_run(tracker: Tracker, manifest: Manifest, folder: Path) -> str:
     precision = manifest.precision
     run_id = tracker.build_run(precision)
     try:
-        tracker.log_stage(run_id, manifest, _files(folder))
+        tracker.log_stage(run_id, manifest, _logged(tracker, manifest.stage, folder))
         return run_id
     except ParamsChanged:
         log.info("%s@%s: %s settings changed; starting a new MLflow run", tracker.model, precision, manifest.stage)
@@ -78,8 +85,8 @@ def _log_to_run(tracker: Tracker, manifest: Manifest, folder: Path) -> str:
         other = build_dir(tracker.model, precision) / stage
         done = read_manifest(other, spec.result) if stage != manifest.stage else None
         if done is not None:
-            tracker.log_stage(run_id, done, _files(other))
-    tracker.log_stage(run_id, manifest, _files(folder))
+            tracker.log_stage(run_id, done, _logged(tracker, stage, other))
+    tracker.log_stage(run_id, manifest, _logged(tracker, manifest.stage, folder))
     return run_id
 
 

@@ -25,6 +25,7 @@ class ParamsChanged(Exception):
 class Tracker(Protocol):
     model: str
     uri: str  # where the store is, without credentials
+    local_artifacts: bool  # the store keeps its artifacts on this machine's disk
 
     def build_run(self, precision: str, *, new: bool = False) -> str:
         """The id of the current run of build `<model>@<precision>`, created when missing or `new` (the

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from urllib.parse import urlparse
 
 from pipelines.core.errors import QevalError
 from pipelines.core.files import locked
@@ -146,6 +147,8 @@ class MlflowTracker:
 
                 self.client = MlflowClient(tracking_uri=self.uri)
                 self.experiment_id = self._experiment()
+                where = urlparse(self.client.get_experiment(self.experiment_id).artifact_location or "")
+                self.local_artifacts = where.scheme in ("", "file")
         except QevalError:
             raise
         except Exception as e:  # any failure here means the store cannot be used
