@@ -290,10 +290,12 @@ def run(
                           speed_half=speed_half)  # fmt: skip
     out.print(console.builds(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
+    out.print(console.time_by_stage(result.seconds), highlight=False)
     extra = {
         "model": model,
         "stages": [r.as_json() for r in result.records],
         "report": [str(p) for p in result.report_files],
+        "seconds": {k: round(v, 1) for k, v in result.seconds.items()},
     }
     if result.decision is None:
         err.print(f"qeval: nothing ships for {model}: {result.speed_half}", highlight=False)

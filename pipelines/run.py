@@ -16,7 +16,9 @@ the weights, so nothing ships, and the run says so in one line and in the report
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.core.cards import ModelCard
@@ -39,6 +41,8 @@ class PipelineResult:
     decision: Decision | None  # None: the speed half ran alone, and nothing was gated
     report_files: list[Path]
     speed_half: str | None = None  # why only the speed half ran
+    # wall seconds this run spent per stage (every build together), the gate, the report, and in all
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def weights_missing(card: ModelCard) -> str | None:
@@ -67,24 +71,32 @@ def run_pipeline(card: ModelCard, tracker: Tracker, *, force: bool = False, skip
     (pipelines/fanout.py); then a build that fails leaves the others' results, which are gated and
     reported before the error is raised. `speed_half`: only the stages that need no weights (also what
     runs when the weights cannot be had)."""
+    t0 = time.perf_counter()
     builds = builds_in_order(card)
     why = "its speed half was asked for alone (--speed-half)" if speed_half else weights_missing(card)
     if why is not None:
-        return _speed_half(card, tracker, builds, [s for s in SPEED_HALF if s not in skip], why, force)
-    stages = [s for s in FULL_RUN if s not in skip]
-    if ray_address:
-        return _on_ray(card, tracker, builds, stages, ray_address, force)
-    return _decide(card, tracker, _in_order(card, tracker, builds, stages, force))
+        result = _speed_half(card, tracker, builds, [s for s in SPEED_HALF if s not in skip], why, force)
+    elif ray_address:
+        result = _on_ray(card, tracker, builds, [s for s in FULL_RUN if s not in skip], ray_address, force)
+    else:
+        seconds: dict[str, float] = defaultdict(float)
+        records = _in_order(card, tracker, builds, [s for s in FULL_RUN if s not in skip], force, seconds)
+        result = _decide(card, tracker, records, seconds)
+    result.seconds["total"] = time.perf_counter() - t0
+    return result
 
 
-def _in_order(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str],
-              force: bool) -> list[StageRecord]:  # fmt: skip
-    """Each stage for every build, stage by stage, one at a time on this machine."""
+def _in_order(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], force: bool,
+              seconds: dict[str, float]) -> list[StageRecord]:  # fmt: skip
+    """Each stage for every build, stage by stage, one at a time on this machine; adds each stage's wall
+    time (its cache checks included) to `seconds`."""
     steps = [(stage, precision) for stage in stages for precision in builds]
     records = []
     for i, (stage, precision) in enumerate(steps, 1):
         log.info("[%d/%d] %s %s@%s", i, len(steps), stage, card.name, precision)
+        t0 = time.perf_counter()
         records.append(STAGES[stage].load()(card, precision, tracker, force=force))
+        seconds[stage] += time.perf_counter() - t0
     return records
 
 
@@ -93,16 +105,26 @@ def _speed_half(card: ModelCard, tracker: Tracker, builds: list[str], stages: li
     """The stages that need no weights, for every build; nothing is gated, and the report says why."""
     log.warning("%s: running its speed half only (%s): %s at the model's shape with random weights, and sizing; "
                 "its quality needs the weights, so nothing ships", card.name, why, ", ".join(builds))  # fmt: skip
-    records = _in_order(card, tracker, builds, stages, force)
+    seconds: dict[str, float] = defaultdict(float)
+    records = _in_order(card, tracker, builds, stages, force, seconds)
+    t0 = time.perf_counter()
     reason = nothing_to_gate(card, tracker, why)
-    return PipelineResult(records, None, speed_report(card, reason, tracker), speed_half=reason)
+    files = speed_report(card, reason, tracker)
+    seconds["report"] = time.perf_counter() - t0
+    return PipelineResult(records, None, files, speed_half=reason, seconds=seconds)
 
 
-def _decide(card: ModelCard, tracker: Tracker, records: list[StageRecord]) -> PipelineResult:
+def _decide(card: ModelCard, tracker: Tracker, records: list[StageRecord],
+            seconds: dict[str, float] | None = None) -> PipelineResult:  # fmt: skip
+    seconds = defaultdict(float, seconds or {})
     log.info("gate %s", card.name)
+    t0 = time.perf_counter()
     decision = gate(card, tracker)
+    seconds["gate"] = time.perf_counter() - t0
     log.info("report %s", card.name)
-    return PipelineResult(records, decision, report(card, decision, tracker))
+    files = report(card, decision, tracker)
+    seconds["report"] = time.perf_counter() - t0 - seconds["gate"]
+    return PipelineResult(records, decision, files, seconds=seconds)
 
 
 def _on_ray(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], address: str,

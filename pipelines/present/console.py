@@ -43,6 +43,13 @@ def builds(rows: list[StageRecord], decision: Decision | None) -> Table:
     return table
 
 
+def time_by_stage(seconds: dict[str, float]) -> str:
+    """`qeval run`'s last line: the wall time of each stage this run (every build together, cache checks
+    included), then of the whole run."""
+    parts = [f"{stage} {progress.duration(s)}" for stage, s in seconds.items() if stage != "total"]
+    return f"time by stage: {', '.join(parts)}; in all {progress.duration(seconds.get('total', 0.0))}"
+
+
 def gate(decision: Decision) -> Table:
     table = Table(title=f"gate: {decision.model} (baseline {decision.policy.baseline})")
     for col in ("build", "verdict", "rules"):
