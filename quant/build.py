@@ -1,7 +1,8 @@
 """Build one quantized checkpoint with llm-compressor's `oneshot` and save it compressed.
 
-The pipeline runs quantize_checkpoint() in a fresh process (pipelines/core/child.py); the saved folder is
-a compressed-tensors checkpoint with its recipe.yaml, loadable by transformers and servable by vLLM.
+The pipeline runs build_and_prove() in a fresh process (pipelines/core/child.py): quantize_checkpoint(),
+then quant/verify.py's proof of the folder it saved, a compressed-tensors checkpoint with its recipe.yaml,
+loadable by transformers and servable by vLLM.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from quant import calibration
 from quant.calibration import CalibrationSpec
 from quant.precisions import build_recipe, get_precision
 from quant.recipes import RecipeOptions
+from quant.verify import VerifyConfig, VerifyResult, verify_checkpoint
 
 CHECKPOINT_DIR = "checkpoint"  # inside the stage folder
 SAVED_DTYPE = "bfloat16"  # what a build's unquantized tensors and scales are saved in, whatever it computed in
@@ -169,3 +171,29 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         calibration_sha256=calib.sha256 if calib else None,
         awq_cpu_workaround=patched,
     )
+
+
+class BuildConfig(BaseModel):
+    """A build and the proof of its saved checkpoint (`verify.checkpoint` is filled in: out_dir/checkpoint)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    quantize: QuantizeConfig
+    verify: VerifyConfig
+
+
+class BuildResult(BaseModel):
+    build: QuantizeResult
+    proof: VerifyResult
+
+
+def build_and_prove(cfg: BuildConfig, out_dir: Path) -> BuildResult:
+    """Quantize, then prove the checkpoint as saved, read back from disk, in the same process: torch,
+    transformers and compressed-tensors are imported once per build, not twice. The quantized model is
+    gone by then (it lived in `quantize_checkpoint`); the proof loads both models afresh."""
+    import gc
+
+    made = quantize_checkpoint(cfg.quantize, out_dir)
+    gc.collect()
+    here = cfg.verify.model_copy(update={"checkpoint": str(out_dir / CHECKPOINT_DIR)})
+    return BuildResult(build=made, proof=verify_checkpoint(here, out_dir))

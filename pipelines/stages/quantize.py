@@ -107,13 +107,12 @@ def _baseline(card: ModelCard, base: str, scheme: str) -> Quantized:
 def _build(
     card: ModelCard, cfg: build_mod.QuantizeConfig, check: verify.VerifyConfig, scheme: str, out: Path
 ) -> Quantized:
-    """Quantize in one child process, then check the saved checkpoint in another."""
-    offline = offline_env(card)
-    made = run_child(build_mod.quantize_checkpoint, cfg, out, out / STAGE_LOG, offline)
+    """Quantize and check the saved checkpoint, in one child process."""
+    both = build_mod.BuildConfig(quantize=cfg, verify=check)
+    done = run_child(build_mod.build_and_prove, both, out, out / STAGE_LOG, offline_env(card))
+    made, proof = done.build, done.proof
     checkpoint = out / CHECKPOINT_DIR
     shutil.copy(checkpoint / "recipe.yaml", out / "recipe.yaml")  # the recipe at the top of the run page too
-    here = check.model_copy(update={"checkpoint": str(checkpoint)})
-    proof = run_child(verify.verify_checkpoint, here, out, out / STAGE_LOG, offline)
     final = stage_dir(card.name, cfg.precision, Quantized.STAGE) / CHECKPOINT_DIR  # once in place
     return Quantized(
         checkpoint=str(final),
