@@ -93,7 +93,7 @@ class Comparison:
     difference: tuple[float, float, float]  # build - baseline: estimate, lower, upper
     recovery: tuple[float, float, float]  # 1.0 means as good as the baseline
     ppl_increase: tuple[float, float, float] | None  # perplexity-type metrics only
-    n_to_decide: int | None  # documents that would likely decide an INCONCLUSIVE case
+    n_to_decide: int | None  # documents at which the verdict would just be reached (samples_to_decide)
     mcnemar_p: float | None  # 0/1 outcomes only
     discordant: tuple[int, int] | None  # (baseline right only, build right only)
 
@@ -191,20 +191,23 @@ def compare(
         difference=_interval(float(build - base), diff_r, confidence),
         recovery=recovery,
         ppl_increase=increase,
-        n_to_decide=None if verdict != Verdict.INCONCLUSIVE else samples_to_decide(n, point, lo, hi, threshold),
+        n_to_decide=samples_to_decide(n, point, lo, hi, threshold),
         mcnemar_p=mcnemar_exact(*discordant) if binary else None,
         discordant=discordant if binary else None,
     )
 
 
 def samples_to_decide(n: int, point: float, lower: float, upper: float, threshold: float) -> int | None:
-    """Documents needed for the interval to clear the threshold, if the estimate and the per-document
-    spread hold: the half-width shrinks as 1/sqrt(n). None when the estimate sits on the threshold."""
+    """Documents at which the interval would just clear the threshold, if the estimate and the per-document
+    spread hold: the half-width shrinks as 1/sqrt(n). More than `n` where the interval straddles the
+    threshold, at most `n` where it already clears it (how many a verdict needed). None when the estimate
+    sits on the threshold: no number of documents decides it."""
     gap = abs(point - threshold)
     if gap == 0:
         return None
     half = (upper - lower) / 2
-    return max(n + 1, math.ceil(n * (half / gap) ** 2))
+    need = math.ceil(n * (half / gap) ** 2)
+    return max(n + 1, need) if half >= gap else max(1, need)
 
 
 @dataclass(frozen=True)

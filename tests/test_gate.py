@@ -13,10 +13,11 @@ from eval.paired import Scored, generation, paired
 from eval.records import GENERATED_IDS, AccuracyResult, Metric, leaves
 from eval.stats import Verdict, compare
 from pipelines.core.cards import Gate
-from pipelines.core.verdicts import BuildVerdict, Measured
+from pipelines.core.verdicts import BuildVerdict, Decision, Measured
 from pipelines.decision.policy import choose, combine, length_rule, memory_rule, speed_rule, task_rule
 from pipelines.present.charts import pareto
 from pipelines.present.formats import precision_colour
+from pipelines.present.tables import documents_section
 from quant.execution import Execution
 
 PASS, FAIL, INCONCLUSIVE, NOT_GATED = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.NOT_GATED
@@ -68,6 +69,29 @@ def test_the_worst_task_is_the_one_that_decides_against_its_own_threshold():
     assert build.worst_task()[0] == "verse"
     passing = build.model_copy(update={"tasks": {k: tasks[k] for k in ("needle", "same")}})
     assert passing.worst_task()[0] == "needle"  # both pass: the one that used more of what its threshold allows
+
+
+def test_the_report_says_how_many_documents_each_verdict_needs():
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 2, 400).astype(float)
+    held = base.copy()
+    held[np.flatnonzero(base)[:2]] = 0  # about 1 % fewer right: straddles 0.99
+    far = base.copy()
+    far[np.flatnonzero(base)[:60]] = 0  # about 30 % fewer: fails at 0.99 with room
+    tasks = {
+        "verse": compare("acc", list(base), list(held), higher_is_better=True, threshold=0.99),
+        "word": compare("acc", list(base), list(far), higher_is_better=True, threshold=0.99),
+    }
+    assert tasks["verse"].verdict == INCONCLUSIVE and tasks["word"].verdict == FAIL
+    assert tasks["verse"].n_to_decide > 400 > tasks["word"].n_to_decide  # undecided needs more; decided fewer
+    build = BuildVerdict(precision="x", verdict=FAIL, rules=[], tasks=tasks, speed=Measured(1, 1, 1, NATIVE),
+                         speedup=None)  # fmt: skip
+    lines = documents_section(Decision.model_construct(builds=[build]))
+    rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| x |")}
+    assert rows["word"].startswith(f"| x | word | FAIL | 400 | {tasks['word'].n_to_decide:,} | decided; ")
+    need = tasks["verse"].n_to_decide
+    kind = "near miss" if need <= 4 * 400 else "out of reach"
+    assert rows["verse"].endswith(f"| {kind}: {need / 400:.1f}x the documents |")
 
 
 def test_speed_rule():

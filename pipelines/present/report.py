@@ -22,6 +22,7 @@ from pipelines.core.tracker import Tracker
 from pipelines.core.verdicts import Decision
 from pipelines.present import capacity, charts, formats, shapes, shipcard
 from pipelines.present.tables import (
+    documents_section,
     fits_section,
     generation_section,
     policy_text,
@@ -104,6 +105,7 @@ def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts:
     for i in range(len(cols["build"])):
         lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
     lines += generation_section(decision)
+    lines += documents_section(decision)
     lines += fits_section(card)
     lines += capacity.section(card, tab)
     lines += ["", "## Reasons", ""]

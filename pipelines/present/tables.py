@@ -203,6 +203,40 @@ def generation_section(decision: Decision) -> list[str]:
     ]
 
 
+NEAR_MISS = 4  # an undecided task that this many times its documents would likely decide is a near miss
+
+
+def _reading(c) -> str:
+    need = c.n_to_decide
+    if need is None:
+        return "the estimate sits on the threshold: no number of documents decides it"
+    if c.verdict != Verdict.INCONCLUSIVE:
+        return f"decided; {need / c.n:.0%} of them would have done" if need < c.n else "decided, with all of them"
+    kind = "near miss" if need <= NEAR_MISS * c.n else "out of reach"
+    return f"{kind}: {need / c.n:.1f}x the documents"
+
+
+def documents_section(decision: Decision) -> list[str]:
+    """Per build and task: the documents it was judged on, and how many its verdict needs at the observed
+    effect and spread (eval/stats.samples_to_decide): what sizes a card's tasks."""
+    rows = [f"| {b.precision} | {task} | {c.verdict} | {c.n:,} | {c.n_to_decide or 0:,} | {_reading(c)} |"
+            for b in decision.builds for task, c in b.tasks.items()]  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "",
+        "## Documents each verdict needs",
+        "",
+        "At the observed effect and per-document spread, the documents at which each task's interval would just "
+        "clear its threshold (the half-width shrinks as 1/sqrt(n)): fewer than judged where a task decides with "
+        f"room, more where it did not decide (a near miss within {NEAR_MISS}x).",
+        "",
+        "| build | task | verdict | documents | needed at this effect | reading |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def fits_section(card: ModelCard) -> list[str]:
     """The size stage's fits-on table for the card's target GPUs, as Markdown lines."""
     by_build = {p: s for p in card.precisions if (s := result_of(card.name, p, Sized))}
