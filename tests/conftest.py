@@ -8,7 +8,9 @@ Every test writes its artifacts and MLflow store under a temporary folder of its
 `ref-small` (ref-lm with tiny calibration, a 6-document limit and a small grid) is quantized, evaluated and
 benchmarked once per session, in a folder the session fixtures alone write to. A test that runs more
 stages, the gate or the report on those builds takes `own_root`: a copy of that folder (checkpoints
-hard-linked) that nothing else reads.
+hard-linked) that nothing else reads. `qeval run` itself runs once per session, in another copy
+(`pipeline_run`): every test that only reads what a whole run leaves (its stages, served builds, store,
+report, ship card) reads that one.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, last_json_line, qeval, root_env
 from memory_tracker import MemoryTracker
 
 from pipelines.core import progress
@@ -159,13 +162,46 @@ def measured(small_root, builds):
         return {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench)}
 
 
+def copy_root(src: Path, root: Path) -> Path:
+    """A copy of work folder `src` at `root`: its cards and artifacts (files hard-linked), no MLflow store."""
+    shutil.copytree(src / "cards", root / "cards")
+    shutil.copytree(
+        src / "artifacts", root / "artifacts", copy_function=os.link, ignore=shutil.ignore_patterns(".lock")
+    )
+    return root
+
+
 @pytest.fixture
 def own_root(small_root, builds, measured, tmp_path, monkeypatch) -> Path:
     """A private copy of the session's folder (checkpoints hard-linked, no MLflow store), made current."""
-    root = tmp_path / "own"
-    shutil.copytree(small_root / "cards", root / "cards")
-    shutil.copytree(
-        small_root / "artifacts", root / "artifacts", copy_function=os.link, ignore=shutil.ignore_patterns(".lock")
-    )
+    root = copy_root(small_root, tmp_path / "own")
     use_root(monkeypatch, root)
     return root
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    root: Path  # its work folder: cards, artifacts, and the MLflow store every stage logged to
+    returncode: int
+    doc: dict  # the JSON document `qeval run --json` printed last
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(small_root, builds, measured, tmp_path_factory) -> PipelineRun:
+    """`qeval run --model ref-small` as `make run` runs it, once per session, in a copy of the session's
+    folder: every build served (as ref-lm's card says) and scored through its server, the gate and the report.
+    The tests that take it read what it left; none writes there, but the one that runs it again."""
+    root = copy_root(small_root, tmp_path_factory.mktemp("pipeline"))
+    card = root / "cards" / "ref-small.yaml"
+    card.write_text(card.read_text().replace("speed_regime: engine", "speed_regime: server"))  # as ref-lm's
+    first = qeval("run", "--model", "ref-small", "--json", env=root_env(root), timeout=1500)
+    assert first.returncode in (0, 1) and first.stdout.strip(), first.stderr[-2000:]
+    return PipelineRun(root, first.returncode, last_json_line(first.stdout), first.stderr)
+
+
+@pytest.fixture
+def pipeline_root(pipeline_run, monkeypatch) -> Path:
+    """The session's pipeline run's folder, made current (for reading its store and files)."""
+    use_root(monkeypatch, pipeline_run.root)
+    return pipeline_run.root

@@ -1,4 +1,4 @@
-"""What the team sees: the MLflow UI over a store filled by a real (small) pipeline run, in headless Chromium.
+"""What the team sees: the MLflow UI over the store of a real (small) pipeline run, in headless Chromium.
 
 Debian's chromium (installed by `make test`, scripts/install-chromium.sh) driven by Playwright. The test
 starts where a user starts, at the address `qeval ui` prints; its screenshots are kept in test-artifacts/
@@ -19,9 +19,6 @@ from pipelines.core.cards import load_card
 from pipelines.core.layout import gate_file
 from pipelines.core.procs import running
 from pipelines.core.verdicts import BuildVerdict
-from pipelines.decision.gate import gate
-from pipelines.present.report import report
-from pipelines.tracking.mlflow_tracker import MlflowTracker
 
 pytestmark = pytest.mark.slow
 
@@ -40,23 +37,14 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture
-def ui(own_root):
-    """`qeval ui` on loopback over the small card's store, after the gate and the report; yields the address
-    it printed for the model, the decision and the card."""
-    from pipelines.stages.bench import bench
-    from pipelines.stages.evaluate import evaluate
-    from pipelines.stages.quantize import quantize
-
+def ui(pipeline_root):
+    """`qeval ui` on loopback over the store of the session's pipeline run (every stage logged, the gate and
+    the report); yields the address it printed for the model, the decision and the card."""
     card = load_card("ref-small")
-    tracker = MlflowTracker(card.name)
-    for stage in (quantize, evaluate, bench):  # finished: logged to the fresh store
-        for precision in card.precisions:
-            stage(card, precision, tracker)
-    report(card, gate(card, tracker), tracker)
     SHOTS.mkdir(exist_ok=True)
     SHOTS_LOG.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pipelines", "ui", "--port", "{port}"]
-    with running(cmd, SHOTS_LOG, 120, "qeval ui", root_env(own_root)):
+    with running(cmd, SHOTS_LOG, 120, "qeval ui", root_env(pipeline_root)):
         printed = re.search(rf"^{card.name}: (http://\S+)$", SHOTS_LOG.read_text(), re.MULTILINE)
         assert printed, SHOTS_LOG.read_text()[-2000:]
         yield printed.group(1), json.loads(gate_file(card.name).read_text()), card

@@ -1,37 +1,63 @@
 """`qeval run` as `make run` uses it: every stage for every build, the gate and the report, then a rerun
-that skips every build stage."""
+that skips every build stage. The run itself is the session's `pipeline_run` (tests/conftest.py); each test
+here reads one part of what it left."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
-from helpers import last_json_line, qeval, root_env
+from helpers import last_json_line, processes_naming, qeval, root_env
+from mlflow.tracking import MlflowClient
 
+from eval.serving import read_csv
+from pipelines.core.cards import load_card
 from pipelines.stages.engines import kv_cannot_serve, vllm_cannot_run
+from pipelines.tracking.store import tracking_uri
 from quant.execution import CPU
 
 pytestmark = pytest.mark.slow
 
+PRECISIONS = ["bf16", "fp8", "int8", "awq", "gptq", "int8+kv-fp8"]
+BUILD_STAGES = ("quantize", "evaluate", "bench", "size", "serve")
 
-def test_run_does_every_stage_then_skips_them(own_root):
-    card = own_root / "cards" / "ref-small.yaml"
-    card.write_text(card.read_text().replace("speed_regime: engine", "speed_regime: server"))  # as ref-lm's
-    env = root_env(own_root)
-    args = ["run", "--model", "ref-small", "--json"]
-    # six builds served, each scored through its server too: on a 2-core Xeon with AMX this test took 17 min 43 s,
-    # about 6 of them the session's builds
-    first = qeval(*args, env=env, timeout=1500)
-    assert first.returncode in (0, 1) and first.stdout.strip(), first.stderr[-2000:]
-    doc = last_json_line(first.stdout)
-    stages = doc["stages"]
-    # the gate decided (exit 1 exactly when nothing ships) and the report was written
-    assert (first.returncode == 0) == (doc["gate"]["chosen"] is not None)
-    assert {b["precision"] for b in doc["gate"]["builds"]} == {"fp8", "int8", "awq", "gptq", "int8+kv-fp8"}
+
+def _record(run, stage: str, precision: str) -> dict:
+    return next(s for s in run.doc["stages"] if (s["stage"], s["precision"]) == (stage, precision))
+
+
+def _result(run, stage: str, precision: str) -> dict:
+    return _record(run, stage, precision)["result"]
+
+
+def _report(run) -> str:
+    return next(Path(p) for p in run.doc["report"] if p.endswith("report.md")).read_text()
+
+
+def test_run_does_every_stage_in_order_and_says_how_long_each_took(pipeline_run):
+    doc = pipeline_run.doc
+    # the gate decided (exit 1 exactly when nothing ships)
+    assert (pipeline_run.returncode == 0) == (doc["gate"]["chosen"] is not None)
+    assert {b["precision"] for b in doc["gate"]["builds"]} == set(PRECISIONS) - {"bf16"}
     assert doc["gate"]["speed_axis"].startswith("goodput")  # judged as served
-    names = sorted(Path(p).name for p in doc["report"])
-    assert ("ship_card.md" in names) == (doc["gate"]["chosen"] is not None)
+    assert [(s["stage"], s["precision"]) for s in doc["stages"]] == [(st, p) for st in BUILD_STAGES for p in PRECISIONS]
+    statuses = {s["stage"]: set() for s in doc["stages"]}
+    for s in doc["stages"]:
+        statuses[s["stage"]].add(s["status"])
+    assert statuses == {"quantize": {"skipped"}, "evaluate": {"skipped"}, "bench": {"skipped"},  # the fixtures'
+                        "size": {"done"}, "serve": {"done"}}  # fmt: skip
+    # its time by stage, this run's wall time: the cached stages' checks, the served ones' whole work
+    seconds = doc["seconds"]
+    assert list(seconds) == [*BUILD_STAGES, "gate", "report", "total"]
+    assert seconds["serve"] > seconds["quantize"] and seconds["serve"] > 10
+    assert sum(v for k, v in seconds.items() if k != "total") <= seconds["total"] + 0.5
+
+
+def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_text(pipeline_run):
+    names = sorted(Path(p).name for p in pipeline_run.doc["report"])
+    assert ("ship_card.md" in names) == (pipeline_run.doc["gate"]["chosen"] is not None)
     assert [n for n in names if n != "ship_card.md"] == [
         "agreement_refkjv_continue.png",
         "latency_vs_users.png",
@@ -42,29 +68,42 @@ def test_run_does_every_stage_then_skips_them(own_root):
         "report.md",
         "speed_vs_batch.png",
     ]
-    assert all(Path(p).stat().st_size > 1000 for p in doc["report"])
+    assert all(Path(p).stat().st_size > 1000 for p in pipeline_run.doc["report"])
     # the card's traffic (ref-lm's: 64 users) priced on this CPU, measured, and on its GPUs, projected
-    report = next(Path(p) for p in doc["report"] if p.endswith("report.md")).read_text()
+    report = _report(pipeline_run)
     capacity = report.split("## Capacity and cost: 64 concurrent users at peak, scenario default")[1]
     assert "| build | verdict | worst recovery | cpu | h100-sxm | l4 | crossover |" in capacity
     assert "(measured)" in capacity and "(projected)" in capacity and "per 1M output tokens" in capacity
     assert "2-byte KV entries (1-byte for int8+kv-fp8)" in report  # the fits table's assumptions, per build
+    needs = report.split("## Documents each verdict needs")[1]  # what sizes the card's tasks
+    assert all(f"| {b} | refkjv_ppl | " in needs for b in PRECISIONS[1:])
     # the generative task: output length and greedy departures per build; the needle judged by its gain
     generated = report.split("## Generated text against the baseline's, same documents (greedy)")[1]
-    assert all(f"| {b} | refkjv_continue | chrf " in generated for b in ("fp8", "int8", "awq", "gptq", "int8+kv-fp8"))
-    for b in doc["gate"]["builds"]:
+    assert all(f"| {b} | refkjv_continue | chrf " in generated for b in PRECISIONS[1:])
+    for b in pipeline_run.doc["gate"]["builds"]:
         g = b["generation"]["refkjv_continue"]
         assert g["length"]["n"] == 6 and len(g["departures"]["positions"]) == 6
         assert any(r["name"] == "refkjv_continue length" for r in b["rules"])
         assert b["tasks"]["refkjv_needle"]["metric"] == "log-likelihood gain over refkjv_needle_control"
-    precisions = ["bf16", "fp8", "int8", "awq", "gptq", "int8+kv-fp8"]
-    assert [(s["stage"], s["precision"]) for s in stages] == [
-        (stage, p) for stage in ("quantize", "evaluate", "bench", "size", "serve") for p in precisions
-    ]
-    assert {s["status"] for s in stages if s["stage"] in ("quantize", "evaluate", "bench")} == {"skipped"}  # fixtures
-    assert {s["status"] for s in stages if s["stage"] in ("serve", "size")} == {"done"}
-    # every build served on vLLM, labelled by the kernel vLLM reported, and scored through its server too
-    served = {s["precision"]: s["result"] for s in stages if s["stage"] == "serve"}
+    size = _result(pipeline_run, "size", "awq")
+    assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
+
+
+def test_the_kv_cache_variant_shares_int8s_weights_with_half_the_kv_cache(pipeline_run):
+    assert (
+        _result(pipeline_run, "quantize", "int8+kv-fp8")["checkpoint"]
+        == _result(pipeline_run, "quantize", "int8")["checkpoint"]
+    )
+    assert _result(pipeline_run, "evaluate", "int8+kv-fp8")["config"]["kv_cache_dtype"] == "fp8"
+    assert _result(pipeline_run, "evaluate", "int8")["config"]["kv_cache_dtype"] == "auto"
+    assert _result(pipeline_run, "bench", "int8+kv-fp8")["engine"]["engine"].endswith("FP8 KV cache emulated")
+    sized = {p: _result(pipeline_run, "size", p) for p in ("int8", "int8+kv-fp8")}  # the same weights
+    assert sized["int8+kv-fp8"]["weights_bytes"] == sized["int8"]["weights_bytes"]
+    assert 2 * sized["int8+kv-fp8"]["kv_bytes_per_token"] == sized["int8"]["kv_bytes_per_token"]
+
+
+def test_every_build_is_served_on_vllm_labelled_by_its_kernel_and_scored_through_its_server(pipeline_run):
+    served = {p: _result(pipeline_run, "serve", p) for p in PRECISIONS}
     # vLLM's 4-bit CPU kernel needs AVX-512: without it the 4-bit builds are served by transformers, dequantized
     fourbit = ("transformers", "emulated") if vllm_cannot_run("awq", CPU) else ("vllm", "weight-only")
     # the KV-cache variant: int8's checkpoint with vLLM's FP8 KV cache, which its CPU attention keeps with AVX-512
@@ -80,44 +119,103 @@ def test_run_does_every_stage_then_skips_them(own_root):
     variant = served.pop("int8+kv-fp8")
     if unserved:  # recorded with the reason, holding no users; nothing swept or scored
         assert variant["not_run"].startswith(unserved) and variant["per_level"] == {} and variant["accuracy"] is None
-        assert f"- int8+kv-fp8: NOT SERVED: {unserved}" in report
+        assert f"- int8+kv-fp8: NOT SERVED: {unserved}" in _report(pipeline_run)
     else:
         assert variant["vllm"]["kv_cache_dtype"] == "fp8" and variant["per_level"]
         served["int8+kv-fp8"] = variant
-    result = {(s["stage"], s["precision"]): s["result"] for s in stages}
-    assert result["quantize", "int8+kv-fp8"]["checkpoint"] == result["quantize", "int8"]["checkpoint"]
-    assert result["evaluate", "int8+kv-fp8"]["config"]["kv_cache_dtype"] == "fp8"
-    assert result["evaluate", "int8"]["config"]["kv_cache_dtype"] == "auto"
-    assert result["bench", "int8+kv-fp8"]["engine"]["engine"].endswith("FP8 KV cache emulated")
-    sized = {p: result["size", p] for p in ("int8", "int8+kv-fp8")}  # the same weights, half the KV cache
-    assert sized["int8+kv-fp8"]["weights_bytes"] == sized["int8"]["weights_bytes"]
-    assert 2 * sized["int8+kv-fp8"]["kv_bytes_per_token"] == sized["int8"]["kv_bytes_per_token"]
+    tasks = set(load_card("ref-lm").accuracy.tasks)
     for p, r in served.items():
         if r["engine"] != "vllm":  # served accuracy needs vLLM's prompt log-probabilities, and says so
             assert r["accuracy"] is None and r["not_run"].startswith("served accuracy"), p
             continue
-        assert set(r["accuracy"]["vs_offline"]) == {
-            "refkjv_ppl", "refkjv_next_verse", "refkjv_last_word", "refkjv_continue", "refkjv_needle",
-            "refkjv_needle_control",
-        }, p  # fmt: skip
+        assert set(r["accuracy"]["vs_offline"]) == tasks, p
         assert isinstance(r["accuracy"]["vs_offline"]["refkjv_continue"]["identical"], int), p
         assert all(abs(c["served"] - c["offline"]) < 0.2 for c in r["accuracy"]["vs_offline"].values()), p
-    if chosen := doc["gate"]["chosen"]:  # its ship card, read back from the store, says what the gate decided
-        shown = qeval("card", "--model", "ref-small", env=env, timeout=120)
-        assert shown.returncode == 0 and shown.stdout.startswith(f"# ref-small {chosen}: the build qeval ships")
-        build = next(b for b in doc["gate"]["builds"] if b["precision"] == chosen)
-        for task, c in build["tasks"].items():
-            rec, lo, hi = c["recovery"]
-            assert (
-                f"| {task} | {c['metric']} |" in shown.stdout
-                and f"| {rec:.4f} | [{lo:.4f}, {hi:.4f}] |" in shown.stdout
-            )
-        for section in ("## What it is", "## Speed, as measured", "## Capacity and cost", "## Serving it"):
-            assert section in shown.stdout, section
-        assert all(f"- {r['reason']}" in shown.stdout for r in build["rules"])
-    size = next(s for s in stages if s["stage"] == "size" and s["precision"] == "awq")["result"]
-    assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
+
+
+def test_int8_is_served_natively_streamed_stopped_and_scored_as_offline(pipeline_run, pipeline_root):
+    """One build's server record in detail: vLLM's native INT8 kernel, every request streamed to its length,
+    nothing left running, and the same documents scored through the server and offline."""
+    record = _record(pipeline_run, "serve", "int8")
+    s, path = record["result"], Path(record["path"])
+    assert s["engine_version"].startswith("vllm")
+    assert [(k["kernel"], k["execution"]) for k in s["kernels"]] == [("CPUInt8ScaledMMLinearKernel", "native")]
+    assert s["vllm"]["enforce_eager"] and s["vllm"]["max_model_len"] == 514
+    records = read_csv(path / "requests.csv")
+    assert len(records) == 6 and all(r.ok for r in records), [r.error for r in records if not r.ok]
+    assert {r.output_tokens for r in records} == {8} and s["load"]["exact_length"] == "ignore_eos"
+    assert all(len(r.token_times) >= 2 and r.start < r.first_token <= r.end for r in records)  # streamed
+    # stopped with everything it started: no server, engine core or worker left
+    assert processes_naming(str(path.parent / "quantize" / "checkpoint")) == []
+    # lm-eval's completions backend sends the offline token windows, so the difference is the engine's alone
+    acc = s["accuracy"]
+    assert acc["config"]["backend"] == "local-completions" and acc["config"]["limit"] == 6
+    ppl = acc["vs_offline"]["refkjv_ppl"]
+    est, lo, hi = ppl["difference"]
+    assert ppl["metric"] == "bits_per_byte" and ppl["n"] > 0 and abs(est) < 0.01 and lo <= est <= hi
+    for task in ("refkjv_next_verse", "refkjv_last_word"):
+        c = acc["vs_offline"][task]
+        assert c["n"] == 6 and abs(c["served"] - c["offline"]) <= 1 / 6 + 1e-9  # at most one document flips
+    assert (path / "served_accuracy" / "samples_refkjv_ppl.jsonl").is_file()
+    data = MlflowClient(tracking_uri()).get_run(record["run_id"]).data
+    assert data.params["server.kernels"] == "CPUInt8ScaledMMLinearKernel"
+    assert data.params["server.execution"] == "native" and data.params["server.engine"] == "vllm"
+    assert data.metrics["served_vs_offline/refkjv_ppl/bits_per_byte"] == pytest.approx(est)
+    assert "served/refkjv_last_word/acc" in data.metrics
+
+
+def test_a_generative_task_runs_greedily_through_the_server_as_offline(pipeline_run):
+    """refkjv_continue through vLLM's completions API (lm-eval's local-completions backend) and offline, the
+    baseline on the same documents: the served generations stop at the line's end, are scored per document,
+    and are mostly the offline ones, word for word (both greedy, in one dtype; a prompt off by one token
+    would make every one differ)."""
+    import eval.paired
+    from eval.records import AccuracyResult
+
+    served = _record(pipeline_run, "serve", "bf16")
+    offline = _record(pipeline_run, "evaluate", "bf16")
+    if served["result"]["engine"] != "vllm":
+        pytest.skip(f"bf16 was not served on vLLM here: {served['result']['not_run']}")
+    folders = {"offline": Path(offline["path"]), "served": Path(served["path"]) / "served_accuracy"}
+
+    def generated(side: str) -> dict[int, str]:
+        rows = (folders[side] / "samples_refkjv_continue.jsonl").read_text().splitlines()
+        return {r["doc_id"]: r["filtered_resps"][0] for r in map(json.loads, rows)}
+
+    served_text, offline_text = generated("served"), generated("offline")
+    assert served_text.keys() == offline_text.keys() and len(served_text) == 6
+    assert all(t.strip() and "\n" not in t for t in served_text.values())
+    same = sum(served_text[d] == offline_text[d] for d in served_text)
+    assert same >= 4, (same, served_text, offline_text)
+    # the paired reading the gate and the serve stage use: served against offline, in generated tokens
+    results = {"offline": offline["result"]["accuracy"], "served": served["result"]["accuracy"]["accuracy"]}
+    both = [eval.paired.Scored(folders[k], AccuracyResult.model_validate(results[k])) for k in ("offline", "served")]
+    g = eval.paired.generation("refkjv_continue", *both, band=0.1, bootstrap=load_card("ref-lm").gate.bootstrap)
+    assert g.departures.identical == same and g.length.n == 6
+    assert served["result"]["accuracy"]["vs_offline"]["refkjv_continue"]["identical"] == same
+
+
+def test_the_ship_card_read_back_from_the_store_says_what_the_gate_decided(pipeline_run):
+    chosen = pipeline_run.doc["gate"]["chosen"]
+    if chosen is None:
+        pytest.skip("nothing shipped in this run: no ship card to read")
+    shown = qeval("card", "--model", "ref-small", env=root_env(pipeline_run.root), timeout=120)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"# ref-small {chosen}: the build qeval ships")
+    build = next(b for b in pipeline_run.doc["gate"]["builds"] if b["precision"] == chosen)
+    for task, c in build["tasks"].items():
+        rec, lo, hi = c["recovery"]
+        assert f"| {task} | {c['metric']} |" in shown.stdout and f"| {rec:.4f} | [{lo:.4f}, {hi:.4f}] |" in shown.stdout
+    for section in ("## What it is", "## Speed, as measured", "## Capacity and cost", "## Serving it"):
+        assert section in shown.stdout, section
+    assert all(f"- {r['reason']}" in shown.stdout for r in build["rules"])
+
+
+def test_a_rerun_skips_every_build_stage(pipeline_run):
+    """Runs again in the session's pipeline folder: the gate and the report are written again, the same."""
+    env = root_env(pipeline_run.root)
     t0 = time.perf_counter()
-    again = qeval(*args, env=env, timeout=300)
-    assert again.returncode == first.returncode and time.perf_counter() - t0 < 60
-    assert {s["status"] for s in last_json_line(again.stdout)["stages"]} == {"skipped"}
+    again = qeval("run", "--model", "ref-small", "--json", env=env, timeout=300)
+    assert again.returncode == pipeline_run.returncode and time.perf_counter() - t0 < 60, again.stderr[-2000:]
+    doc = last_json_line(again.stdout)
+    assert {s["status"] for s in doc["stages"]} == {"skipped"}
+    assert doc["gate"]["chosen"] == pipeline_run.doc["gate"]["chosen"]
