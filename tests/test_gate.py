@@ -292,6 +292,18 @@ def test_gate_ships_a_build_and_registers_it(own_root):
     view = json.loads(experiment.tags["mlflow.sharedViewState.qeval"])
     assert view["selectedColumns"][0] == "attributes.`Description`"
 
+    # its ship card, read back from the store, says what the gate decided
+    card_text = _gate_cli(own_root, "card", "--model", "ref-small")
+    assert card_text.returncode == 0, card_text.stderr[-2000:]
+    shown = card_text.stdout
+    assert shown.startswith(f"# ref-small {decision['chosen']}: the build qeval ships")
+    for task, c in chosen["tasks"].items():
+        rec, lo, hi = c["recovery"]
+        assert f"| {task} | {c['metric']} |" in shown and f"| {rec:.4f} | [{lo:.4f}, {hi:.4f}] |" in shown
+    for section in ("## What it is", "## Accuracy against the baseline", "## Speed, as measured", "## Serving it"):
+        assert section in shown, section
+    assert all(f"- {r['reason']}" in shown for r in chosen["rules"])
+
     # the registered version's source is the checkpoint logged on the build's run: any machine reaching the
     # store pulls it into an empty folder, and it is the gated build (same logits)
     assert version.source == f"{run.info.artifact_uri}/quantize/checkpoint"

@@ -195,19 +195,19 @@ def test_a_generative_task_runs_greedily_through_the_server_as_offline(pipeline_
     assert served["result"]["accuracy"]["vs_offline"]["refkjv_continue"]["identical"] == same
 
 
-def test_the_ship_card_read_back_from_the_store_says_what_the_gate_decided(pipeline_run):
+def test_qeval_card_reads_back_what_the_gate_decided(pipeline_run):
+    """The ship card, read back from the store, names the build the gate chose; where nothing shipped (the
+    usual case on ref-small's few documents), `qeval card` says so in one line, exit 2. tests/test_gate.py
+    reads a shipped build's card in full."""
     chosen = pipeline_run.doc["gate"]["chosen"]
-    if chosen is None:
-        pytest.skip("nothing shipped in this run: no ship card to read")
     shown = qeval("card", "--model", "ref-small", env=root_env(pipeline_run.root), timeout=120)
-    assert shown.returncode == 0 and shown.stdout.startswith(f"# ref-small {chosen}: the build qeval ships")
-    build = next(b for b in pipeline_run.doc["gate"]["builds"] if b["precision"] == chosen)
-    for task, c in build["tasks"].items():
-        rec, lo, hi = c["recovery"]
-        assert f"| {task} | {c['metric']} |" in shown.stdout and f"| {rec:.4f} | [{lo:.4f}, {hi:.4f}] |" in shown.stdout
-    for section in ("## What it is", "## Speed, as measured", "## Capacity and cost", "## Serving it"):
-        assert section in shown.stdout, section
-    assert all(f"- {r['reason']}" in shown.stdout for r in build["rules"])
+    if chosen is None:
+        assert shown.returncode == 2 and shown.stdout == "", shown.stdout[-2000:]
+        assert shown.stderr.strip().splitlines()[-1].endswith("nothing ships for ref-small in the tracking store; "
+                                                              "run: qeval gate --model ref-small")  # fmt: skip
+    else:
+        assert shown.returncode == 0 and shown.stdout.startswith(f"# ref-small {chosen}: the build qeval ships")
+        assert "## Capacity and cost" in shown.stdout and "## Speed, as measured" in shown.stdout
 
 
 def test_a_rerun_skips_every_build_stage(pipeline_run):
