@@ -4,6 +4,7 @@ process left behind."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import subprocess
@@ -99,18 +100,29 @@ def test_a_server_that_dies_mid_sweep_fails_the_stage_and_is_not_cached(own_root
     from pipelines.stages.serve import serve
 
     card = load_card("ref-small")
-    card = card.model_copy(update={"server": card.server.model_copy(update={"requests_per_user": 200})})
+    card = card.model_copy(update={"server": card.server.model_copy(update={"requests_per_user": 20})})
     checkpoint, _ = checkpoint_for(card, "gptq")
     proc, url = _transformers_server(checkpoint, tmp_path / "server.log")
-    killer = threading.Timer(12.0, stop_process_group, (proc, 0.1))  # mid-sweep: 600 requests take ~40 s
-    killer.start()
+
+    class KillAfterFirstLevel(logging.Handler):
+        """Stops the server when the first level's progress line comes: mid-sweep, never in the warm-up."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "concurrency 1:" in record.getMessage():
+                threading.Thread(target=stop_process_group, args=(proc, 0.1)).start()
+
+    sweep_log = logging.getLogger("pipelines.stages.sweep")
+    killer, level = KillAfterFirstLevel(), sweep_log.level
+    sweep_log.addHandler(killer)
+    sweep_log.setLevel(logging.INFO)
     try:
         t0 = time.monotonic()
         with pytest.raises(QevalError, match="stopped answering during the sweep"):
             serve(card, "gptq", MemoryTracker(card.name), url=url)
         assert time.monotonic() - t0 < 120
     finally:
-        killer.cancel()
+        sweep_log.removeHandler(killer)
+        sweep_log.setLevel(level)
         stop_process_group(proc)
     assert finished(card.name, "gptq", Served) is None  # nothing cached: a rerun sweeps again
     failed = own_root / "artifacts" / "ref-small" / "gptq" / "serve.failed"
