@@ -82,6 +82,16 @@ def test_a_needle_opens_a_full_context_and_its_control_lacks_only_it():
         assert 350 <= tokens <= make_tasks.NEEDLE_PROMPT_TOKENS
 
 
+def test_perplexity_scores_every_third_held_out_chapter():
+    import datasets
+
+    from eval.tasks.refkjv.utils import PPL_EVERY, ppl_chapters
+
+    texts = [c.text for c in corpus.read_jsonl(corpus.HELDOUT_FILE)]
+    kept = ppl_chapters(datasets.Dataset.from_list([{"text": t} for t in texts]))
+    assert PPL_EVERY == 3 and kept["text"] == texts[::3] and len(kept) == 20
+
+
 def test_the_needle_scores_bits_per_byte_of_its_rest():
     from eval.tasks.refkjv.utils import needle_results
 
