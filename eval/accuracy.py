@@ -28,6 +28,9 @@ from eval.qdq_bounds import clamp_with_number_bounds
 from eval.records import GENERATED_IDS, AccuracyResult, scores
 from quant.registry import suggest
 
+WARM_IMPORTS = ("torch", "transformers", "datasets", "compressed_tensors", "lm_eval", "lm_eval.evaluator")
+"""What every evaluation imports: pipelines/core/warm.py imports them once for the builds it evaluates."""
+
 
 class AccuracyConfig(BaseModel):
     """What to evaluate and how; identical for every build of a model except `checkpoint`."""

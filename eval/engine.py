@@ -33,6 +33,9 @@ from eval.kvcache import fp8_kv_attention
 from eval.sizing import Shape
 from quant.execution import CPU, DEQUANTIZED, Device, Execution, execution
 
+WARM_IMPORTS = ("torch", "transformers")
+"""What every engine bench imports: pipelines/core/warm.py imports them once for the builds it benches."""
+
 
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -21,6 +21,9 @@ from quant.precisions import build_recipe, get_precision
 from quant.recipes import RecipeOptions
 from quant.verify import VerifyConfig, VerifyResult, verify_checkpoint
 
+WARM_IMPORTS = ("torch", "transformers", "datasets", "llmcompressor")
+"""What every build imports: pipelines/core/warm.py imports them once for the builds it makes."""
+
 CHECKPOINT_DIR = "checkpoint"  # inside the stage folder
 SAVED_DTYPE = "bfloat16"  # what a build's unquantized tensors and scales are saved in, whatever it computed in
 

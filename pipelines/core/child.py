@@ -6,25 +6,24 @@ The function takes (config, out_dir) and returns a pydantic model. The child wri
 error.json with one line, into OUT_DIR; its output (third-party progress bars and warnings among it)
 goes to the stage's log file, and to the parent's stderr only with `qeval --verbose`; its latest line
 is the step that qeval's progress lines report (pipelines/core/progress.py).
-A fresh process per build keeps one build's weights, kernels and memory peak out of another's figures.
+A fresh process per build keeps one build's weights, kernels and memory peak out of another's figures; where
+pipelines/core/warm.py can, that process is forked from a Python that has imported the job's libraries once.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
 import subprocess
 import sys
-import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar, get_type_hints
 
 from pydantic import BaseModel
 
-from pipelines.core import progress
+from pipelines.core import job, progress, warm
 from pipelines.core.errors import QevalError
 from pipelines.core.paths import REPO_ROOT
 
@@ -56,30 +55,19 @@ def run_child(
     cfg_path.write_text(config.model_dump_json(indent=2))
     for stale in ("result.json", "error.json"):
         (out_dir / stale).unlink(missing_ok=True)
-    cmd = [python or sys.executable, "-m", "pipelines.core.child", target, str(cfg_path), str(out_dir)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    echo = logging.getLogger().isEnabledFor(logging.DEBUG)
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert proc.stdout is not None
-        try:
-            for chunk in iter(lambda: proc.stdout.read1(4096), b""):
-                log.write(chunk)
-                log.flush()
-                text = chunk.decode(errors="replace")
-                if latest := progress.last_line(text):
-                    progress.step(latest)
-                if echo:
-                    sys.stderr.write(text)
-                    sys.stderr.flush()
-            code = proc.wait()
-        except BaseException:  # interrupted (Ctrl-C, SIGTERM): the child goes too
-            proc.terminate()
+        if warm.usable(python) and (forks := warm.take(fn.__module__, child_env)) is not None:
+            healthy = False
             try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
+                _relay(forks.run(target, cfg_path, out_dir), log)
+                healthy = True
+            finally:  # interrupted: the warm Python and its job go
+                warm.give(forks, healthy=healthy)
+            code = forks.code if forks.code is not None else forks.proc.returncode
+        else:
+            code = _fresh([python or sys.executable, "-m", "pipelines.core.child", target, str(cfg_path),
+                           str(out_dir)], child_env, log)  # fmt: skip
     if (trace := out_dir / "traceback.txt").is_file():
         with open(log_file, "ab") as log:
             log.write(trace.read_bytes())
@@ -93,21 +81,36 @@ def run_child(
     return result
 
 
-def _main(argv: list[str]) -> int:
-    target, cfg_path, out_dir = argv[0], Path(argv[1]), Path(argv[2])
-    module, _, name = target.partition(":")
-    fn = getattr(importlib.import_module(module), name)
-    hints = get_type_hints(fn)
-    config_type = next(iter(hints.values()))
+def _fresh(cmd: list[str], env: dict[str, str], log) -> int:
+    """Run `cmd` in a fresh process, its output relayed to `log`; its exit status."""
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
     try:
-        result = fn(config_type.model_validate_json(cfg_path.read_text()), out_dir)
-    except Exception as e:  # reported to the parent as one line; the traceback goes to the log only
-        (out_dir / "traceback.txt").write_text(traceback.format_exc())
-        (out_dir / "error.json").write_text(json.dumps({"error": f"{type(e).__name__}: {e}"}))
-        return 2
-    (out_dir / "result.json").write_text(result.model_dump_json(indent=2))
-    return 0
+        _relay(iter(lambda: proc.stdout.read1(4096), b""), log)
+        return proc.wait()
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): the child goes too
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
+def _relay(chunks: Iterator[bytes], log) -> None:
+    """A child's output to its log file as it comes, its latest line to qeval's progress line, and to stderr
+    with `qeval --verbose`."""
+    echo = logging.getLogger().isEnabledFor(logging.DEBUG)
+    for chunk in chunks:
+        log.write(chunk)
+        log.flush()
+        text = chunk.decode(errors="replace")
+        if latest := progress.last_line(text):
+            progress.step(latest)
+        if echo:
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(job.main(sys.argv[1:]))
