@@ -18,12 +18,10 @@ with QEVAL_WARM=0.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +32,7 @@ from pathlib import Path
 from pipelines.core import job
 from pipelines.core.device import driver_present
 from pipelines.core.paths import REPO_ROOT
+from pipelines.core.procs import stop_process_group
 
 
 def usable(python: str | None) -> bool:
@@ -84,13 +83,7 @@ class Warm:
 
     def stop(self) -> None:
         """Stop it and the job it runs (an interrupt), or let it leave (nothing runs)."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_process_group(self.proc)
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
