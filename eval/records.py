@@ -44,6 +44,7 @@ class AccuracyResult(BaseModel):
     lm_eval_version: str
     seconds: float
     peak_rss_mb: float = Field(description="peak resident memory of the evaluating process")
+    not_scored: dict[str, str] = Field({}, description="tasks left unscored, with why (eval/stopping.py)")
 
     def values(self) -> dict[str, dict[str, float]]:
         """task -> metric id -> value."""

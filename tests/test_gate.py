@@ -12,6 +12,7 @@ from helpers import env_with, last_json_line, qeval, root_env, same_logits
 from eval.paired import Scored, generation, paired
 from eval.records import GENERATED_IDS, AccuracyResult, Metric, leaves
 from eval.stats import Verdict, compare
+from eval.stopping import StopScoring, TaskRule, first_stop
 from pipelines.core.cards import Gate
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured
 from pipelines.decision.policy import choose, combine, length_rule, memory_rule, speed_rule, task_rule
@@ -395,3 +396,72 @@ def test_report_without_a_decision_says_to_run_the_gate(tmp_path):
     done = qeval("report", "--model", "ref-lm", env=env_with(QEVAL_WORKDIR=str(tmp_path)), timeout=120)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "no gate decision" in done.stderr and "qeval gate --model ref-lm" in done.stderr
+
+
+def test_scoring_stops_at_the_first_task_a_build_cannot_ship_with(tmp_path):
+    """eval/stopping.first_stop on constructed records: a task is judged once it (and its control) is scored;
+    a FAIL stops; an INCONCLUSIVE stops only under `inconclusive`; a passing task does not."""
+    tasks = ("same", "unsure", "lost")
+    scores = {t: [Metric(name="acc", value=1.0)] for t in tasks}
+    result = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
+                            lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
+    build_acc = {"same": [1.0] * 20, "unsure": [1.0] * 19 + [0.0], "lost": [0.0] * 20}
+    for side in ("base", "build"):
+        (tmp_path / side).mkdir()
+        for task in tasks:
+            values = [1.0] * 20 if side == "base" else build_acc[task]
+            rows = "".join(json.dumps({"doc_id": d, "acc": v}) + "\n" for d, v in enumerate(values))
+            (tmp_path / side / f"samples_{task}.jsonl").write_text(rows)
+    rules = {t: TaskRule(threshold=Gate().threshold(t)) for t in tasks}
+
+    def stop(when: str, scored: tuple[str, ...], rules=rules) -> tuple[str | None, set[str]]:
+        rule = StopScoring(when=when, rules=rules, bootstrap=Gate().bootstrap, baseline_folder=str(tmp_path / "base"),
+                           baseline=result)  # fmt: skip
+        partial = result.model_copy(update={"scores": {t: result.scores[t] for t in scored}})
+        judged: set[str] = set()
+        return first_stop(rule, tmp_path / "build", partial, judged), judged
+
+    assert stop("fail", ("same",)) == (None, {"same"})
+    assert stop("fail", ("same", "unsure")) == (None, {"same", "unsure"})
+    why, _ = stop("inconclusive", ("same", "unsure"))
+    assert why.startswith("unsure INCONCLUSIVE (acc 0.95 [")
+    why, judged = stop("fail", tasks)
+    assert why.startswith("lost FAIL (acc 0 [0, 0] vs 0.99)") and judged == set(tasks)
+    waits = {**rules, "lost": TaskRule(threshold=Gate().threshold("lost"), control="same")}
+    assert stop("fail", ("lost",), waits) == (None, set())  # its control is not scored yet
+
+
+@pytest.mark.slow
+def test_a_build_that_fails_a_task_is_not_scored_further(own_root):
+    """gate.stop_scoring: fail, for real: the baseline and int8 scored a task at a time, int8's scoring
+    stopped at its first task, which a threshold no build can meet fails; the gate, the report's table and
+    its policy say what was not scored, and the build cannot pass."""
+    from memory_tracker import MemoryTracker
+
+    from pipelines.core.cards import load_card
+    from pipelines.decision.gate import decide
+    from pipelines.present.tables import policy_text, table
+    from pipelines.stages.evaluate import evaluate
+
+    card_file = own_root / "cards" / "ref-small.yaml"
+    card_file.write_text(card_file.read_text().replace("precisions: [bf16, fp8, int8, awq, gptq, int8+kv-fp8]",
+                                                       "precisions: [bf16, int8]"))  # fmt: skip
+    _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, stop_scoring="fail",
+                 task_min_recovery={"refkjv_ppl": 1.5})  # fmt: skip
+    card, tracker = load_card("ref-small"), MemoryTracker("ref-small")
+    first, *rest = card.accuracy.tasks
+    base = evaluate(card, "bf16", tracker)  # scored again: a task at a time, as the builds that may stop
+    assert base.status == "done" and base.result.config.one_at_a_time and base.result.config.stop is None
+    assert not base.result.accuracy.not_scored and set(base.result.accuracy.scores) >= set(card.accuracy.tasks)
+    done = evaluate(card, "int8", tracker).result
+    assert list(done.accuracy.not_scored) == rest
+    assert all(why.startswith(f"scoring stopped: {first} FAIL (") for why in done.accuracy.not_scored.values())
+    folder = own_root / "artifacts/ref-small/int8/evaluate"
+    assert [p.name for p in folder.glob("samples_*.jsonl")] == [f"samples_{first}.jsonl"]
+
+    decision = decide(card)
+    (b,) = decision.builds
+    assert b.verdict == FAIL and list(b.tasks) == [first] and b.not_scored == done.accuracy.not_scored
+    assert {r.name: r.verdict for r in b.rules if r.name in rest} == dict.fromkeys(rest, INCONCLUSIVE)
+    assert table(card, decision)[f"{rest[0]} recovery [interval]"] == ["1", "not scored"]
+    assert "a quantized build's scoring stopped at its first task that failed" in policy_text(decision)

@@ -427,9 +427,9 @@ def test_a_task_that_makes_its_documents_gets_the_tokenizer_and_a_seed(tmp_path)
     ruler = Path(lm_eval.__file__).parent / "tasks/ruler"  # found there alone: lm-eval's whole index is not read
     cfg = AccuracyConfig(checkpoint=str(REPO / "refmodel/ref-lm"), tasks=["niah_single_1"], include_path=str(ruler),
                          batch_size=8, seed=0, max_length=512, max_seq_lengths=[512])  # fmt: skip
-    (first,), _ = load_tasks(cfg)
+    (first,) = load_tasks(cfg)[0]["niah_single_1"]
     docs = [d["input"] for d in first.test_docs()]
-    (again,), _ = load_tasks(cfg)
+    (again,) = load_tasks(cfg)[0]["niah_single_1"]
     assert docs == [d["input"] for d in again.test_docs()] and len(docs) == 500
     assert {d["max_length"] for d in first.test_docs()} == {512}
 

@@ -68,6 +68,12 @@ class Gate(_Strict):
     max_cost_per_mtok: float | None = Field(None, gt=0, description="$ per million output tokens on cost_on, at most")
     cost_on: str | None = Field(None, description="device kind costs are judged on (null: the first target GPU)")
     tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
+    stop_scoring: Literal["never", "fail", "inconclusive"] = Field(
+        "never",
+        description="fail: a quantized build's tasks are scored one at a time and scoring stops once one fails "
+        "(its rule or its length rule), as it then cannot ship; inconclusive: also once one is INCONCLUSIVE. The "
+        "tasks left are recorded as not scored, with the reason. never: every task, in one lm-eval run",
+    )
 
     def threshold(self, task: str) -> Threshold:
         """What `task` is held to: its own min recovery where set, else min_recovery, or for a

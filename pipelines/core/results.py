@@ -127,9 +127,12 @@ class Evaluated(StageResult):
 
 def evaluation_settings(config: AccuracyConfig, task_data_sha256: str | None) -> dict[str, Any]:
     """An evaluation's settings and task data, what two evaluations compared document by document share: the
-    checkpoint aside (paths: their digests stand in), and the KV cache's dtype and how it is emulated, which a
-    KV-cache variant changes against its own precision's evaluation and the baseline's."""
-    settings = config.model_dump(mode="json", exclude={"checkpoint", "include_path", "kv_cache_dtype", "fp8_query"})
+    checkpoint aside (paths: their digests stand in), the KV cache's dtype and how it is emulated, which a
+    KV-cache variant changes against its own precision's evaluation and the baseline's, and where a build's
+    scoring stops (the baseline has no stop rule)."""
+    settings = config.model_dump(
+        mode="json", exclude={"checkpoint", "include_path", "kv_cache_dtype", "fp8_query", "stop"}
+    )
     return {**settings, "task_data_sha256": task_data_sha256}
 
 

@@ -87,6 +87,7 @@ class BuildVerdict(Record):
     generation: dict[str, Generation] = Field(
         {}, description="per generative task: output length against the baseline's, and where outputs depart"
     )
+    not_scored: dict[str, str] = Field({}, description="tasks its evaluation left unscored (gate.stop_scoring), why")
 
     @property
     def reasons(self) -> list[str]:

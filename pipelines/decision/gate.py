@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eval.paired import Scored
-from eval.stats import Comparison
+from eval.stats import Comparison, Verdict
 from pipelines.core.cards import ModelCard
 from pipelines.core.code import code_version
 from pipelines.core.errors import QevalError
@@ -34,9 +34,9 @@ from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
 from pipelines.core.manifests import result_of
 from pipelines.core.results import Evaluated, Quantized
 from pipelines.core.tracker import Tracker
-from pipelines.core.verdicts import BuildVerdict, Decision, Measured, write_decision
+from pipelines.core.verdicts import BuildVerdict, Decision, Measured, Rule, write_decision
 from pipelines.core.weights import checkpoint_for
-from pipelines.decision.inputs import fits, generations, measured, paired_with, task_comparisons
+from pipelines.decision.inputs import fits, generations, measured, not_scored, paired_with, task_comparisons
 from pipelines.decision.policy import (
     choose,
     combine,
@@ -75,6 +75,9 @@ def judge(
     rules = [task_rule(t, c) for t, c in tasks.items()]
     rules += [length_rule(policy, t, g.length) for t, g in generated.items()]
     rules += [vs_ship_rule(shipped[0], t, c) for t, c in vs_ship.items()] if shipped else []
+    unscored = not_scored(card, precision)
+    # a task left unscored cannot pass: the build cannot ship, whatever its scored tasks say
+    rules += [Rule(t, Verdict.INCONCLUSIVE, f"{t}: not scored ({why})") for t, why in unscored.items()]
     fast, up = speed_rule(policy, build, baseline, baseline_bytes / weight_bytes)
     rules += [fast, memory_rule(policy, build)]
     if card.traffic is not None:
@@ -83,7 +86,7 @@ def judge(
         rules.append(fit_rule(fits(card, precision)))
     return BuildVerdict(
         precision=precision, verdict=combine([r.verdict for r in rules]), rules=rules, tasks=tasks, speed=build,
-        speedup=up, vs_ship=vs_ship, generation=generated,
+        speedup=up, vs_ship=vs_ship, generation=generated, not_scored=unscored,
     )  # fmt: skip
 
 

@@ -101,7 +101,7 @@ def paired_with(
             f"with the card's settings: qeval run --model {card.name}"
         )
     gate, out = card.gate, {}
-    for task in card.accuracy.tasks:
+    for task in scored_tasks(card, done, other[1]):
         try:
             out[task] = paired(task, other[0], build, threshold=gate.threshold(task), bootstrap=gate.bootstrap,
                                metric=gate.task_metric.get(task), control=gate.controls.get(task))  # fmt: skip
@@ -115,12 +115,29 @@ def paired_with(
     return out
 
 
+def not_scored(card: ModelCard, precision: str) -> dict[str, str]:
+    """The card's tasks the build's evaluation left unscored (`gate.stop_scoring`), with why; a task judged by
+    its gain over a control left unscored counts as one too."""
+    left = dict(evaluation(card, precision)[1].accuracy.not_scored)
+    for task in card.accuracy.tasks:
+        if task not in left and (control := card.gate.controls.get(task)) in left:
+            left[task] = f"judged by its gain over {control}, which was not scored"
+    return left
+
+
+def scored_tasks(card: ModelCard, *sides: Evaluated) -> list[str]:
+    """The card's tasks every side scored, and each one a task judged by its gain over needs: a task left
+    unscored by a build that stopped scoring has no comparison."""
+    left = {t for side in sides for t in side.accuracy.not_scored}
+    return [t for t in card.accuracy.tasks if t not in left and card.gate.controls.get(t) not in left]
+
+
 def generations(card: ModelCard, precision: str) -> dict[str, Generation]:
     """Every generative task of the card, the build against the baseline: output length and departures."""
-    base, (build, _) = evaluation(card, card.gate.baseline), evaluation(card, precision)
+    base, (build, done) = evaluation(card, card.gate.baseline), evaluation(card, precision)
     band = card.gate.max_length_change or 0.10  # shown at MLPerf's band where the policy does not gate it
     out = {}
-    for task in card.accuracy.tasks:
+    for task in scored_tasks(card, done, base[1]):
         try:
             found = generation(task, base[0], build, band=band, bootstrap=card.gate.bootstrap)
         except KeyError:

@@ -14,6 +14,7 @@ from pipelines.core.manifests import finished, result_of
 from pipelines.core.results import AtShape, Quantized, Served
 from pipelines.core.verdicts import BuildVerdict, Decision
 from pipelines.present import capacity, formats
+from pipelines.present.tables import STOP_TEXT
 from quant.precisions import kv_cache_dtype
 
 
@@ -51,6 +52,11 @@ def _accuracy(b: BuildVerdict, decision: Decision) -> list[str]:
         rec, lo, hi = c.recovery
         lines.append(f"| {task} | {c.metric} | {c.baseline:.4g} | {c.build:.4g} | {rec:.4f} | [{lo:.4f}, {hi:.4f}] "
                      f"| {c.verdict} |")  # fmt: skip
+    if (stop := decision.policy.stop_scoring) != "never":
+        stopped = [f"{o.precision} ({len(o.not_scored)} of {len(o.not_scored) + len(o.tasks)} tasks not scored)"
+                   for o in decision.builds if o.not_scored]  # fmt: skip
+        lines += ["", f"Scoring: {STOP_TEXT[stop]}; " + (f"stopped early: {', '.join(stopped)}." if stopped else
+                                                          "no build stopped early.")]  # fmt: skip
     return lines
 
 

@@ -38,10 +38,9 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
         cols["build"].append(precision)
         cols["verdict"].append(verdict)
         for task in card.accuracy.tasks:
-            c = b.tasks[task] if b else None
-            cols[f"{task} recovery [interval]"].append(
-                f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {c.verdict}" if c else "1"
-            )
+            c = b.tasks.get(task) if b else None
+            shown = f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {c.verdict}" if c else "1"
+            cols[f"{task} recovery [interval]"].append("not scored" if b and task in b.not_scored else shown)
         cols[f"decode tok/s per user, batch {decision.policy.speed_batch}"].append(f"{speed.decode_tps:.4g}")
         cols[f"server goodput req/s, {users} users"].append("" if speed.goodput is None else f"{speed.goodput:.3g}")
         cols["users at SLO"].append("" if speed.users_at_slo is None else str(speed.users_at_slo))
@@ -122,7 +121,17 @@ def policy_text(decision: Decision) -> str:
         parts.append(f"cost: at most ${g.max_cost_per_mtok:g} per million output tokens")
     parts.append(f"prefer {g.prefer} (ties within {g.tie_tolerance:.0%})")
     parts.append(f"paired bootstrap: {g.bootstrap_resamples} resamples, seed {g.bootstrap_seed}")
+    if g.stop_scoring != "never":
+        parts.append(STOP_TEXT[g.stop_scoring])
     return "; ".join(parts)
+
+
+STOP_TEXT = {
+    "fail": "every build scored one task at a time, a quantized build's scoring stopped at its first task that "
+    "failed (gate.stop_scoring: fail)",
+    "inconclusive": "every build scored one task at a time, a quantized build's scoring stopped at its first task "
+    "that failed or was INCONCLUSIVE (gate.stop_scoring: inconclusive)",
+}
 
 
 def fit_cells(f: Fit) -> dict[str, str]:

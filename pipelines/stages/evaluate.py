@@ -15,13 +15,14 @@ import eval.accuracy as accuracy
 from eval.compare import recoveries
 from eval.kvcache import rounds_query
 from eval.sizing import KV_DTYPE_BYTES
+from eval.stopping import StopScoring, TaskRule
 from pipelines.core.cards import ModelCard
 from pipelines.core.child import run_child
 from pipelines.core.demands import check_tasks
 from pipelines.core.device import compute_device
 from pipelines.core.errors import QevalError
 from pipelines.core.files import file_digest
-from pipelines.core.layout import STAGE_LOG
+from pipelines.core.layout import STAGE_LOG, stage_dir
 from pipelines.core.manifests import Manifest, StageRecord, finished
 from pipelines.core.paths import REPO_ROOT, resolve_repo_path
 from pipelines.core.results import Evaluated, evaluation_settings
@@ -45,6 +46,8 @@ def evaluate(
     include = Path(cfg.include_path) if cfg.include_path else None
     task_data = file_digest(accuracy.task_files(include, REPO_ROOT)) if include else None
     baseline = _baseline(card, precision, cfg, task_data)
+    if baseline is not None and card.gate.stop_scoring != "never":
+        cfg = cfg.model_copy(update={"stop": stop_scoring(card, baseline)})
     vllm = _engine_python(card, cfg)
     inputs = {
         "checkpoint": checkpoint_id,
@@ -52,6 +55,7 @@ def evaluate(
         "settings": evaluation_settings(cfg, task_data),
         "kv_cache_dtype": cfg.kv_cache_dtype,  # apart from the settings, which a KV-cache variant shares
         "baseline": baseline.inputs_digest if baseline else None,
+        "stop": cfg.stop.key() if cfg.stop else None,  # where scoring stops: the card's gate
     }
 
     def work(out: Path) -> Evaluated:
@@ -98,7 +102,25 @@ def accuracy_config(
         # the KV cache the build is served with: vLLM's own, or emulated on transformers as vLLM keeps it here
         kv_cache_dtype=kv,
         fp8_query=kv == "fp8" and backend == "hf" and rounds_query(here.capability),
+        # builds that may stop are scored a task at a time, and so is their baseline: the same batches
+        one_at_a_time=card.gate.stop_scoring != "never",
     )
+
+
+def stop_scoring(card: ModelCard, baseline: Manifest[Evaluated]) -> StopScoring:
+    """The card's `gate.stop_scoring` as the evaluation applies it: each task's rule as the gate holds it."""
+    gate = card.gate
+    rules = {
+        task: TaskRule(
+            threshold=gate.threshold(task),
+            metric=gate.task_metric.get(task),
+            control=gate.controls.get(task),
+            length_band=gate.max_length_change,
+        )
+        for task in card.accuracy.tasks
+    }
+    return StopScoring(when=gate.stop_scoring, rules=rules, bootstrap=gate.bootstrap, baseline=baseline.result.accuracy,
+                       baseline_folder=str(stage_dir(card.name, gate.baseline, Evaluated.STAGE)))  # fmt: skip
 
 
 SCORING_SHARE = 0.85
@@ -143,7 +165,11 @@ def _evaluate(
     if vllm is not None and compute_device().kind == "cpu":  # vLLM's CPU build sizes its cache from this
         env = {**env, "VLLM_CPU_KVCACHE_SPACE": f"{card.server.cpu_kv_cache_gb:g}"}
     result = run_child(accuracy.evaluate_accuracy, cfg, out, out / STAGE_LOG, env, python=vllm.python if vllm else None)
+    for task, why in result.not_scored.items():
+        log.warning("%s@%s %s: not scored (%s)", card.name, precision, task, why)
     for task in cfg.tasks:
+        if task in result.not_scored:
+            continue
         shown = ", ".join(f"{m.id}={m.value:.4g}" for m in result.scores.get(task, []))
         log.info("%s@%s %s: %s (chance %s)", card.name, precision, task, shown, result.chance.get(task))
     recovery = None

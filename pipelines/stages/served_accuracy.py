@@ -47,9 +47,14 @@ def plan(
                          f"run it first: qeval evaluate --model {card.name} --precision {precision}")  # fmt: skip
     base = offline.result.config
     limits = [n for n in (base.limit, card.server.served_limit) if n]
+    tasks = [t for t in card.server.served_tasks or base.tasks if t not in offline.result.accuracy.not_scored]
+    if not tasks:
+        log.warning("%s@%s: served accuracy not run: no task it names was scored offline", card.name, precision)
+        return None, None
     scored = base.model_copy(
         update={
-            "tasks": card.server.served_tasks or base.tasks,
+            "tasks": tasks,
+            "stop": None,  # a cross-check of the engine on what was scored offline
             "limit": min(limits) if limits else None,
             "batch_size": SERVED_BATCH,
             "backend": "local-completions",

@@ -178,6 +178,7 @@ EVAL_SETTINGS = {
     "vllm_eager": "eval.vllm_eager",
     "max_length": "eval.max_length",
     "max_seq_lengths": "eval.max_seq_lengths",
+    "one_at_a_time": "eval.one_at_a_time",
 }
 VLLM_SETTINGS = {
     "device": "server.device",
@@ -236,6 +237,7 @@ NOT_SETTINGS = {  # config type name -> its fields that are not settings, and wh
         "include_path": "a path; eval.task_data_sha256 identifies it",
         "base_url": "a loopback port of the moment",
         "served_model": "the checkpoint's path, as the server names it",
+        "stop": "the card's gate (its rules) and the baseline's evaluation: param eval.stop_scoring says when",
     },
     "VllmSettings": {"positions": "the checkpoint's own (config.json), where max_model_len exceeds them"},
     "EngineConfig": {"checkpoint": "a path", "precision": "the run's tag"},
@@ -258,6 +260,8 @@ QUANTIZE_PARAMS: dict[str, Getter] = {  # derived from the result; override a se
 EVAL_PARAMS: dict[str, Getter] = {
     "eval.backend": lambda e: e.accuracy.backend,
     "eval.task_data_sha256": lambda e: e.task_data_sha256 or "hub",
+    "eval.stop_scoring": lambda e: e.config.stop.when if e.config.stop else "never",
+    "eval.not_scored": lambda e: ", ".join(e.accuracy.not_scored) or "none",
 }
 BENCH_PARAMS: dict[str, Getter] = {
     "engine.device": lambda b: b.engine.device_name,
