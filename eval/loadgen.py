@@ -122,6 +122,26 @@ def _tokens(chunk: dict, api: str) -> int:
     return 1 if text else 0
 
 
+def _chunk(data: bytes) -> dict:
+    """One server-sent event's JSON, checked for the shape the generator reads; a ValueError names what is
+    wrong (an error the server streamed, or a malformed chunk)."""
+    chunk = json.loads(data)
+    if not isinstance(chunk, dict):
+        raise ValueError(f"malformed chunk: {data[:100]!r}")
+    if "error" in chunk:
+        raise ValueError(f"the server streamed an error: {str(chunk['error'])[:200]}")
+    choices, usage = chunk.get("choices") or [], chunk.get("usage") or {}
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices) or not isinstance(usage, dict):
+        raise ValueError(f"malformed chunk: {data[:100]!r}")
+    return chunk
+
+
+def _finished(chunk: dict) -> bool:
+    """The chunk says its stream is complete: a choice with its finish reason (transformers serve ends so;
+    vLLM sends one too, before its `[DONE]`)."""
+    return any(c.get("finish_reason") for c in chunk.get("choices") or [])
+
+
 async def one_request(session, cfg: LoadConfig, prompt: Prompt, concurrency: int, index: int, timeout: float):
     """Send one streaming request and stamp its chunks; a failure is a record with `ok=False`."""
     import aiohttp
@@ -131,6 +151,7 @@ async def one_request(session, cfg: LoadConfig, prompt: Prompt, concurrency: int
     times: list[float] = []
     counted = 0
     usage: dict = {}
+    ended = False  # the stream said it was complete: `[DONE]`, or a chunk with its finish reason
     try:
         async with asyncio.timeout(timeout):
             async with session.post(cfg.url.rstrip("/") + path, json=request_body(cfg, prompt)) as resp:
@@ -143,19 +164,23 @@ async def one_request(session, cfg: LoadConfig, prompt: Prompt, concurrency: int
                         continue
                     data = line[5:].strip()
                     if data == b"[DONE]":
+                        ended = True
                         break
-                    chunk = json.loads(data)
+                    chunk = _chunk(data)
                     if n := _tokens(chunk, cfg.api):
                         times.append(time.perf_counter())
                         counted += n
                     usage = chunk.get("usage") or usage
-    except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as e:
+                    ended = ended or _finished(chunk)
+        tokens = int(usage.get("completion_tokens") or counted)
+    except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError, TypeError) as e:
         why = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
         return RequestRecord(concurrency, index, start, time.perf_counter(), False, error=why[:300])
     end = time.perf_counter()
-    tokens = int(usage.get("completion_tokens") or counted)
-    if not times:
-        return RequestRecord(concurrency, index, start, end, False, error="no tokens streamed")
+    short = _short(cfg, ended, tokens, counted)
+    if short or not times:
+        return RequestRecord(concurrency, index, start, end, False, output_tokens=tokens,
+                             error=short or "no tokens streamed")  # fmt: skip
     return RequestRecord(
         concurrency,
         index,
@@ -167,6 +192,17 @@ async def one_request(session, cfg: LoadConfig, prompt: Prompt, concurrency: int
         prompt_tokens=usage.get("prompt_tokens"),
         token_times=tuple(times),
     )
+
+
+def _short(cfg: LoadConfig, ended: bool, tokens: int, counted: int) -> str:
+    """Why a stream that closed without an error was not served whole ("" if it was): it never said it was
+    complete (the connection was closed early), or where the server was held to the asked length, it
+    sent fewer tokens (as its usage counts them, else as the stream's chunks do)."""
+    if not ended:
+        return f"the stream closed before it was complete, after {counted} tokens"
+    if cfg.exact_length != "none" and tokens < cfg.output_len:
+        return f"{tokens} of the {cfg.output_len} tokens asked for"
+    return ""
 
 
 def prompts_needed(load: LoadSettings) -> int:

@@ -1,0 +1,124 @@
+"""The load generator against a loopback server that misbehaves: a request counts as served only when its
+stream said it was complete, with the length it asked for (issue 41: a stream cut after 1 of 32 tokens
+was counted as served and its level met the objective)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from eval.loadgen import LoadConfig, sweep
+from eval.serving import Slo, level_metrics
+
+pytestmark = pytest.mark.integration
+
+ASKED = 4
+
+
+def _event(obj: object) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _text(i: int, finish: str | None = None) -> str:
+    return _event({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": finish}]})
+
+
+# what the server streams per request, by the model the request names
+REPLIES: dict[str, list[str]] = {
+    "whole": [*(_text(i) for i in range(ASKED - 1)), _text(ASKED - 1, "length"),
+              _event({"choices": [], "usage": {"completion_tokens": ASKED, "prompt_tokens": 4}}), "data: [DONE]\n\n"],
+    # transformers serve ends with a chunk that carries the finish reason and usage, and no [DONE]
+    "no-done": [*(_text(i) for i in range(ASKED)),
+                _event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                        "usage": {"completion_tokens": ASKED, "prompt_tokens": 4}})],
+    "cut": [_text(0)],  # then the response ends: no finish reason, no [DONE]
+    "short": [_text(0, "length"), "data: [DONE]\n\n"],
+    "error": [_text(0), 'data: {"error": "out of memory"}\n\n'],
+    "not-an-object": [_text(0), "data: [1, 2]\n\n"],
+    "bad-usage": [_text(0), _event({"choices": [], "usage": {"completion_tokens": "many"}}), "data: [DONE]\n\n"],
+    "drop": [_text(0), "DROP"],  # then the connection is dropped mid-response
+}  # fmt: skip
+
+
+def _app():
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    async def completions(request: Request):
+        body = await request.json()
+
+        async def stream():
+            for part in REPLIES[body["model"]]:
+                await asyncio.sleep(0.005)  # a token at a time, not a burst (eval/serving.py)
+                if part == "DROP":
+                    raise ConnectionResetError("dropped")
+                yield part
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    import uvicorn
+
+    from pipelines.core.procs import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_app(), host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the loopback server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def _one(url: str, model: str, exact: str = "ignore_eos"):
+    cfg = LoadConfig(url=url, model=model, api="completions", concurrency=[1], requests_per_user=2, warmup=0,
+                     input_len=4, output_len=ASKED, exact_length=exact, timeout_s=10)  # fmt: skip
+    return sweep(cfg, ["a prompt"] * 2)
+
+
+def test_a_whole_stream_is_served(url):
+    for model in ("whole", "no-done"):
+        records = _one(url, model)
+        assert all(r.ok and r.output_tokens == ASKED for r in records), (model, records)
+        assert level_metrics(records, Slo(ttft_ms=10_000, tpot_ms=10_000)).meets_slo
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("cut", "the stream closed before it was complete, after 1 tokens"),
+        ("short", f"1 of the {ASKED} tokens asked for"),
+        ("error", "the server streamed an error: out of memory"),
+        ("not-an-object", "malformed chunk"),
+        ("bad-usage", "ValueError"),
+        ("drop", "ClientPayloadError"),
+    ],
+)
+def test_a_stream_cut_short_or_malformed_is_a_failed_request_and_its_level_misses(url, model, says):
+    records = _one(url, model)
+    assert [r.ok for r in records] == [False, False] and all(says in r.error for r in records), records
+    m = level_metrics(records, Slo(ttft_ms=10_000, tpot_ms=10_000))
+    assert m.failed == 2 and not m.meets_slo and m.tpot_ms_p95 is None
+
+
+def test_a_short_reply_is_served_where_the_length_is_not_held(url):
+    """Without an exact length a model may stop early: a stream that ends, short, is served."""
+    records = _one(url, "short", exact="none")
+    assert all(r.ok and r.output_tokens == 1 for r in records)
+    # but a level whose requests streamed one token each has no TPOT: it does not meet a TPOT objective
+    assert not level_metrics(records, Slo(ttft_ms=10_000, tpot_ms=10_000)).meets_slo
