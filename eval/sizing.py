@@ -21,6 +21,19 @@ from quant.execution import Execution
 from quant.precisions import get_precision
 
 
+def _positive(cfg: dict, key: str, default: int | None = None) -> int:
+    """config.json's `key` (or `default` where it is absent or null) as a positive integer; ValueError if
+    it is not one."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise ValueError(f"{key} is missing")
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} is {value!r}, not a positive integer")
+    return value
+
+
 @dataclass(frozen=True)
 class Shape:
     """What sizing needs of a decoder-only transformer's config.json."""
@@ -36,16 +49,26 @@ class Shape:
 
     @classmethod
     def from_config(cls, cfg: dict) -> Shape:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
+        """The shape a config.json states; ValueError naming the first key that is missing or not a positive
+        integer (a boolean is not one), a key-value head count that does not divide the heads, or
+        `architectures` that is not a non-empty list of names."""
+        arch = cfg.get("architectures", ["unnamed"])
+        if not isinstance(arch, list) or not arch or not all(isinstance(a, str) and a for a in arch):
+            raise ValueError(f"architectures is {arch!r}, not a non-empty list of names")
+        heads, hidden = _positive(cfg, "num_attention_heads"), _positive(cfg, "hidden_size")
+        kv_heads = _positive(cfg, "num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise ValueError(f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+        if hidden // heads == 0 and cfg.get("head_dim") is None:
+            raise ValueError(f"hidden_size {hidden} is smaller than num_attention_heads {heads}: set head_dim")
         return cls(
-            layers=int(cfg["num_hidden_layers"]),
+            layers=_positive(cfg, "num_hidden_layers"),
             hidden=hidden,
-            intermediate=int(cfg["intermediate_size"]),
+            intermediate=_positive(cfg, "intermediate_size"),
             heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            vocab=int(cfg["vocab_size"]),
+            kv_heads=kv_heads,
+            head_dim=_positive(cfg, "head_dim", hidden // heads),
+            vocab=_positive(cfg, "vocab_size"),
             tied=bool(cfg.get("tie_word_embeddings", False)),
         )
 

@@ -62,3 +62,52 @@ def test_init_refuses_what_it_cannot_read_in_one_line(cards, tmp_path, monkeypat
         scaffold("no-such-thing")
     with pytest.raises(QevalError, match="--name"):
         scaffold(str(REPO / "refmodel/ref-lm"), name="Bad Name")
+
+
+def test_a_path_or_name_from_outside_stays_one_value_in_the_card(cards, tmp_path):
+    """A folder named `m #x` was written as `path: .../m #x`, which YAML reads as `.../m`, another model; an
+    architecture name holding a newline and `gate:` added a key (issue 41)."""
+    from pipelines.core.cards import load_card
+    from pipelines.core.scaffold import scaffold, write
+
+    folder = tmp_path / "src" / "m #x"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({**TINY, "architectures": ["Llama\ngate:\n  min_recovery: 0"]}))
+    made = scaffold(str(folder), name="odd")
+    write(made)
+    card = load_card("odd")
+    assert card.source.path == str(folder) and card.gate.min_recovery == 0.99
+    assert card.description.startswith("Llama\ngate:\n  min_recovery: 0 from ")
+
+
+def test_a_card_that_gives_a_key_twice_is_refused_in_one_line(cards):
+    from pipelines.core.cards import load_card
+
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: twice")
+    cards("twice", text + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n")
+    with pytest.raises(QevalError, match=r"twice\.yaml:\d+:\d+: not valid YAML: key 'gate' is given twice"):
+        load_card("twice")
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"hidden_size": -256}, "hidden_size is -256, not a positive integer"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers is 0, not a positive integer"),
+        ({"num_attention_heads": 0}, "num_attention_heads is 0, not a positive integer"),
+        ({"vocab_size": True}, "vocab_size is True, not a positive integer"),
+        ({"intermediate_size": 512.5}, "intermediate_size is 512.5, not a positive integer"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 4"),
+        ({"architectures": []}, r"architectures is \[\], not a non-empty list of names"),
+        ({"max_position_embeddings": 1}, "max_position_embeddings is 1; qeval makes cards for a context of 16"),
+    ],
+)
+def test_init_refuses_a_shape_no_model_has_in_one_line(cards, tmp_path, change, says):
+    """`hidden_size: -256` made a card that `qeval size` said fits, with a negative KV cache; zero layers or
+    heads and empty architectures were tracebacks, a context of 1 "a qeval bug" (issue 41)."""
+    from pipelines.core.scaffold import scaffold
+
+    (tmp_path / "config.json").write_text(json.dumps({**TINY, **change}))
+    with pytest.raises(QevalError, match=says):
+        scaffold(str(tmp_path), name="bad")
+    assert not (tmp_path / "cards" / "bad.yaml").exists()

@@ -341,10 +341,23 @@ class ModelCard(_Strict):
             )
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key '{key}' is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_card(path: Path) -> ModelCard:
     """Read and validate one card file; QevalError with one line on any problem."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeys)  # a SafeLoader
     except RecursionError:
         raise QevalError(f"{path}: nested too deeply to be a model card") from None
     except OSError as e:

@@ -16,6 +16,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from eval.sizing import Shape
 from pipelines.core.cards import parse_card
 from pipelines.core.errors import QevalError
@@ -24,8 +26,17 @@ from pipelines.core.paths import REPO_ROOT, cards_dir, shown_path
 from quant.recipes import GROUP_SIZE
 
 CONFIGS = REPO_ROOT / "eval" / "configs"
+
+
+def _scalar(value: str) -> str:
+    """`value` as one double-quoted YAML scalar on one line: a path or a name read from outside (a folder
+    named `m #x`, an architecture name holding a newline) stays that value and nothing more."""
+    return yaml.safe_dump(value, default_style='"', allow_unicode=True, width=math.inf).strip()
+
+
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 PLACEHOLDER_TASKS = ["arc_easy", "hellaswag"]
+MIN_CONTEXT = 16  # the grid takes a quarter for the prompt and an eighth for the output: 2 tokens, a TPOT
 
 
 @dataclass
@@ -93,7 +104,10 @@ def scaffold(source: str, *, name: str | None = None, revision: str = "main") ->
         shape = Shape.from_config(config)
     except (KeyError, ValueError, TypeError) as e:
         raise QevalError(f"{source}: its config.json is not a decoder-only transformer qeval can size ({e})") from None
-    context = int(config.get("max_position_embeddings") or 2048)
+    context = config.get("max_position_embeddings") or 2048
+    if isinstance(context, bool) or not isinstance(context, int) or context < MIN_CONTEXT:
+        raise QevalError(f"{source}: max_position_embeddings is {context!r}; qeval makes cards for a context of "
+                         f"{MIN_CONTEXT} positions or more (a speed grid of at least 2 output tokens)")  # fmt: skip
     guesses = []
     group = group_size(shape)
     precisions = ["bf16", "fp8", "int8", "awq", "gptq"] if group >= 32 else ["bf16", "fp8", "int8"]
@@ -108,22 +122,24 @@ def scaffold(source: str, *, name: str | None = None, revision: str = "main") ->
     shipped = None
     if folder is not None:
         where = shown_path(folder)
-        source_lines = f"  path: {where}"
+        source_lines = f"  path: {_scalar(str(where))}"
     else:
         shipped = CONFIGS / f"{name}.json"
         source_lines = "\n".join([
-            f"  hub_id: {source}",
-            f"  revision: {revision}   # pin a commit hash for reproducible builds",
-            f"  config: {shown_path(shipped)}   # the architecture: the speed half needs no weights",
+            f"  hub_id: {_scalar(source)}",
+            f"  revision: {_scalar(revision)}   # pin a commit hash for reproducible builds",
+            f"  config: {_scalar(str(shown_path(shipped)))}   # the architecture: the speed half needs no weights",
         ])  # fmt: skip
         guesses.append("calibration from HuggingFaceH4/ultrachat_200k (256 prompts): edit calibration: for your domain")
     calibration = (
         "calibration:\n  dataset: HuggingFaceH4/ultrachat_200k\n  split: train_sft\n  text_field: prompt\n"
         f"  num_samples: 256\n  max_seq_length: {min(2048, context)}\n"
     )  # fmt: skip
-    text = f"""# Written by `qeval init {source}`; every guess is marked. Check it with `qeval models`.
+    size = f"{shape.layers} layers, hidden {shape.hidden}, vocabulary {shape.vocab:,}"
+    described = f"{(config.get('architectures') or ['model'])[0]} from {source} ({size})"
+    text = f"""# Written by `qeval init {_scalar(source)}`; every guess is marked. Check it with `qeval models`.
 name: {name}
-description: {config.get("architectures", ["model"])[0]} from {source} ({shape.layers} layers, hidden {shape.hidden}, vocabulary {shape.vocab:,})
+description: {_scalar(described)}
 source:
 {source_lines}
 precisions: [{", ".join(precisions)}]
@@ -149,7 +165,7 @@ gate:
   baseline: bf16
   min_recovery: 0.99
   speed_regime: server
-"""  # noqa: E501
+"""
     return Scaffold(name=name, text=text, config=config, guesses=guesses, shipped_config=shipped)
 
 
