@@ -110,6 +110,25 @@ def test_the_traffic_section_is_validated():
         Traffic(users=1, prices={"l4": 0})
 
 
+@pytest.mark.parametrize(
+    "traffic",
+    [{"rate_rps": math.inf}, {"rate_rps": 1e-300}, {"rate_rps": math.nan}, {"users": 10**30},
+     {"users": 4, "prices": {"l4": math.inf}}, {"users": 4, "prices": {"l4": 1e308}},
+     {"users": 4, "prices": {"cpu": 1e-320}}],
+)  # fmt: skip
+def test_traffic_figures_are_finite_and_within_bounds_when_the_card_is_read(cards, traffic):
+    """`rate_rps: .inf` was an OverflowError, 1e-300 failed the report, a price of 1e308 $/h was registered
+    in a ship card as "$6.21e+303 per 1M", 10^30 users a 27-digit device count (issue 41)."""
+    from pipelines.core.cards import load_card
+    from pipelines.core.errors import QevalError
+
+    data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())
+    cards("busy", yaml.safe_dump({**data, "name": "busy", "traffic": traffic}))  # .inf, .nan as YAML writes them
+    refused = r"busy\.yaml: key 'traffic\.(rate_rps|users|prices\.\w+)': Input should be (less|greater|a finite)"
+    with pytest.raises(QevalError, match=refused):
+        load_card("busy")
+
+
 def test_a_card_names_a_scenario_it_has():
     data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())
     card = ModelCard.model_validate({**data, "traffic": {"users": 4}})

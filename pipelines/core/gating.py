@@ -65,7 +65,8 @@ class Gate(_Strict):
         [], description="GPUs (catalog names) each build must fit on one of, at the largest batch of the grid"
     )
     prefer: Literal["speed", "memory", "cost"] = Field("speed", description="how to choose among passing builds")
-    max_cost_per_mtok: float | None = Field(None, gt=0, description="$ per million output tokens on cost_on, at most")
+    max_cost_per_mtok: float | None = Field(None, ge=1e-6, le=1e6, allow_inf_nan=False,
+                                            description="$ per million output tokens on cost_on, at most")  # fmt: skip
     cost_on: str | None = Field(None, description="device kind costs are judged on (null: the first target GPU)")
     tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
     stop_scoring: Literal["never", "fail", "inconclusive"] = Field(

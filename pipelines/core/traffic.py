@@ -17,16 +17,24 @@ from eval.gpus import get_gpu
 CPU = "cpu"
 """The price key of a CPU machine, the device the sweeps run on where there is no GPU."""
 
+# What a card's traffic may say: finite figures within bounds no deployment reaches, so that every count
+# and dollar figure derived from them stays a number a table can print (a rate of 1e-300 requests per
+# second, a price of 1e308 $/h or 10^30 users are typing errors, refused when the card is read).
+MAX_USERS = 10_000_000
+MIN_RATE_RPS, MAX_RATE_RPS = 0.001, 1_000_000.0
+MIN_PRICE, MAX_PRICE = 0.01, 10_000.0  # $ per device-hour
+
 
 class Traffic(BaseModel):
     """What the deployment must serve, and what its devices cost."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    users: Annotated[int, Field(gt=0)] | None = Field(None, description="peak concurrent users")
-    rate_rps: float | None = Field(None, gt=0, description="peak requests per second (instead of users)")
+    users: Annotated[int, Field(ge=1, le=MAX_USERS)] | None = Field(None, description="peak concurrent users")
+    rate_rps: float | None = Field(None, ge=MIN_RATE_RPS, le=MAX_RATE_RPS, allow_inf_nan=False,
+                                   description="peak requests per second (instead of users)")  # fmt: skip
     scenario: str | None = Field(None, description="the scenario the traffic is in; null: the card's main one")
-    prices: dict[str, Annotated[float, Field(gt=0)]] = Field(
+    prices: dict[str, Annotated[float, Field(ge=MIN_PRICE, le=MAX_PRICE, allow_inf_nan=False)]] = Field(
         {}, description=f"$ per hour of one device, by GPU name (eval/gpus.py) or '{CPU}'"
     )
     projected_mbu: float = Field(
