@@ -132,3 +132,37 @@ def test_the_shipped_build_is_registered_fetched_and_withdrawn(tracker, tmp_path
     ]
     tracker.clear_ship()
     assert tracker.shipped() is None
+
+
+@pytest.mark.integration
+def test_a_registration_that_dies_leaves_ship_where_it_was_and_a_reader_says_how_to_repair(workdir, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    """A gate that died between moving the alias and writing the version's files record left `ship` on a
+    version without it, and `pull` named the wrong fix (issue 41): the alias now moves last."""
+    from pipelines.core.errors import QevalError
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
+    from pipelines.tracking.readback import recorded_files
+
+    tracker = MlflowTracker("m")
+    first_run = tracker.build_run("int8")
+    tracker.log_folder(first_run, _checkpoint(tmp_path), "quantize/checkpoint")
+    first = tracker.register_ship(first_run, tracker.artifact_uri(first_run, "quantize/checkpoint"), "first",
+                                  files={"config.json": "a" * 64})  # fmt: skip
+    second_run = tracker.build_run("fp8")
+    (tmp_path / "second").mkdir()
+    tracker.log_folder(second_run, _checkpoint(tmp_path / "second"), "quantize/checkpoint")
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("the gate was killed here")
+
+    monkeypatch.setattr(tracker.client, "set_model_version_tag", dies)
+    with pytest.raises(RuntimeError, match="killed"):
+        tracker.register_ship(second_run, tracker.artifact_uri(second_run, "quantize/checkpoint"), "second",
+                              files={"config.json": "b" * 64})  # fmt: skip
+    assert tracker.shipped()["version"] == first["version"] and tracker.shipped()["precision"] == "int8"
+    monkeypatch.undo()
+    # a version registered without its record (as an interrupted gate of an earlier qeval left one)
+    bare = tracker.register_ship(second_run, tracker.artifact_uri(second_run, "quantize/checkpoint"), "bare")
+    with pytest.raises(QevalError, match=r"a gate stopped while registering it.*gate again, which records them"):
+        recorded_files(tracker, tracker.shipped())
+    assert bare["version"] != first["version"]

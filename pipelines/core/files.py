@@ -41,12 +41,27 @@ def scratch(final: Path, what: str) -> Iterator[Path]:
     in place once it is whole; whatever is left of it goes when the block ends, however it ends."""
     folder = final.with_name(f".{final.name}.{what}-{os.getpid()}")
     shutil.rmtree(folder, ignore_errors=True)
+    for left in final.parent.glob(f".{final.name}.{what}-*"):  # left by a process that was killed
+        pid = left.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     folder.mkdir()
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """A process `pid` exists (one of another user's counts too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @contextmanager

@@ -343,7 +343,9 @@ class MlflowTracker:
     ) -> dict[str, str]:
         """Register the chosen build as a version of `qeval-<model>` and point alias `ship` at it.
 
-        A build registered before from the same run and checkpoint keeps its version."""
+        A build registered before from the same run and checkpoint keeps its version. Everything a reader
+        of the alias needs (description, files record, ship card) is written first and the alias moved
+        last, so a gate that dies on the way leaves `ship` where it was."""
         from mlflow.exceptions import MlflowException
 
         name = registered_model_name(self.model)
@@ -357,14 +359,14 @@ class MlflowTracker:
             same = [v for v in self.client.search_model_versions(f"name='{name}'") if v.run_id == run_id]
             same = [v for v in same if v.source == source]
             version = same[0] if same else self.client.create_model_version(name, source, run_id=run_id)
-            self.client.set_registered_model_alias(name, SHIP_ALIAS, version.version)
             self.client.update_model_version(name, version.version, description=_description(card, why, run_id))
             if files:
                 self.client.log_text(run_id, json.dumps(dict(files), indent=1, sort_keys=True), SHIP_FILES)
                 self.client.set_model_version_tag(name, version.version, TAG_FILES, hashes_digest(files))
-        if card:
-            self.client.log_text(run_id, card, SHIP_CARD)
-        self.client.set_tag(run_id, TAG_CHOSEN, "true")
+            if card:
+                self.client.log_text(run_id, card, SHIP_CARD)
+            self.client.set_tag(run_id, TAG_CHOSEN, "true")
+            self.client.set_registered_model_alias(name, SHIP_ALIAS, version.version)  # last: see above
         return {"name": name, "version": str(version.version), "alias": SHIP_ALIAS, "source": source}
 
     def clear_ship(self) -> None:

@@ -23,6 +23,7 @@ from pipelines.core.files import atomic_write, locked, replace_dir, scratch
 from pipelines.core.integrity import Tampered, check_folder, hashes_digest
 from pipelines.core.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
 from pipelines.core.manifests import read_manifest
+from pipelines.core.paths import artifacts_dir, cards_dir, mlruns_dir, workdir
 from pipelines.core.registry import JUDGED, STAGES
 from pipelines.core.results import Evaluated, StageResult
 from pipelines.core.tracker import Tracker
@@ -154,9 +155,12 @@ def recorded_files(tracker: Tracker, info: dict[str, str]) -> dict[str, str]:
         if record is not None and record.is_file():
             files = json.loads(record.read_text())
     if not files or not info.get("files"):
-        raise QevalError(f"{what} carries no record of its checkpoint's files (gated by an earlier qeval): nothing "
-                         f"to verify against; rebuild and gate it again: qeval quantize --model {tracker.model} "
-                         f"--precision {info['precision']} --force, then qeval gate -m {tracker.model}")  # fmt: skip
+        raise QevalError(
+            f"{what} carries no record of its checkpoint's files (a gate stopped while registering "
+            f"it, or an earlier qeval gated it): nothing to verify against; gate again, which records "
+            f"them: qeval gate -m {tracker.model} (a build quantized by an earlier qeval has none to "
+            f"record: first qeval quantize -m {tracker.model} --precision {info['precision']} --force)"
+        )
     if hashes_digest(files) != info["files"]:
         raise Tampered(f"{what}: the file digests on run {info['run_id']} ({SHIP_FILES}) are not those the gate "
                        f"registered; the store was changed after the gate: rebuild and gate again")  # fmt: skip
@@ -181,6 +185,10 @@ def pull(tracker: Tracker, alias: str, folder: Path) -> dict:
     folder = folder.resolve()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise QevalError(f"{folder} exists and is not an empty folder; name a new one")
+    for kept in (artifacts_dir(), mlruns_dir(), workdir() / "reports", cards_dir()):
+        if folder.is_relative_to(kept.resolve()):
+            raise QevalError(f"{folder} is inside {kept}, which qeval keeps (a change there is a tampered build "
+                             f"or a lost result); name a folder outside it")  # fmt: skip
     try:
         with scratch(folder, "pull") as landing:
             got = tracker.download_version(alias, landing)
