@@ -122,3 +122,25 @@ def test_a_short_reply_is_served_where_the_length_is_not_held(url):
     assert all(r.ok and r.output_tokens == 1 for r in records)
     # but a level whose requests streamed one token each has no TPOT: it does not meet a TPOT objective
     assert not level_metrics(records, Slo(ttft_ms=10_000, tpot_ms=10_000)).meets_slo
+
+
+def test_a_server_that_never_answers_fails_the_warm_up_within_its_bound():
+    """`qeval serve --url` to a server that accepted and never answered waited 320 s with the card's
+    `timeout_s: 5`: the warm-up's bound was fixed at 300 s (issue 41)."""
+    import socket
+
+    from pipelines.core.cards import Server
+    from pipelines.stages.serve import WARMUP_LOAD_S, warmup_timeout
+
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        cfg = LoadConfig(url=f"http://127.0.0.1:{silent.getsockname()[1]}", model="m", api="completions",
+                         concurrency=[1], requests_per_user=1, warmup=1, input_len=4, output_len=ASKED,
+                         timeout_s=1, warmup_timeout_s=warmup_timeout(Server(timeout_s=1), "external"))  # fmt: skip
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="warm-up request failed: timeout"):
+            sweep(cfg, ["a prompt"] * 3)
+        assert time.monotonic() - t0 < 10
+    assert warmup_timeout(Server(timeout_s=1), "vllm") == WARMUP_LOAD_S
+    assert warmup_timeout(Server(timeout_s=1, warmup_timeout_s=7), "external") == 7

@@ -200,6 +200,10 @@ class Server(_Strict):
     requests_per_user: PositiveInt = Field(4, description="measured requests per level = concurrency x this")
     warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency before the sweep")
     timeout_s: float = Field(120, gt=0, description="per request; a request that takes longer fails")
+    warmup_timeout_s: float | None = Field(
+        None, gt=0, description="the first warm-up request, which may load the model; null: 300 s for a server "
+        "qeval starts (transformers serve loads at its first request), timeout_s for one you run (--url)"
+    )  # fmt: skip
     start_timeout_s: float = Field(300, gt=0, description="time the server may take to answer /health")
     tensor_parallel: PositiveInt | None = Field(
         None, description="vLLM: GPUs a build is split over; null: 1, or what the size stage says it needs"

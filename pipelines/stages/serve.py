@@ -22,7 +22,7 @@ import eval.serving as serving
 from eval.accuracy import AccuracyConfig
 from eval.gpus import get_gpu, gpu_for_device
 from eval.sizing import KV_DTYPE_BYTES
-from pipelines.core.cards import ModelCard
+from pipelines.core.cards import ModelCard, Server
 from pipelines.core.demands import check_sweep
 from pipelines.core.device import compute_device
 from pipelines.core.errors import QevalError
@@ -39,6 +39,15 @@ from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
 EXACT_LENGTH = {"vllm": "ignore_eos", "transformers": "generation_config"}  # how each engine is held to a length
+WARMUP_LOAD_S = 300.0  # a first request that loads the model (transformers serve loads at its first request)
+
+
+def warmup_timeout(srv: Server, engine: str) -> float:
+    """How long the first warm-up request may take: the card's bound, else long enough for a server qeval
+    started to load the model at it, or the card's per-request bound for a server the user runs (`--url`)."""
+    if srv.warmup_timeout_s is not None:
+        return srv.warmup_timeout_s
+    return srv.timeout_s if engine == "external" else WARMUP_LOAD_S
 
 
 def served_model(url: str, default: str) -> str:
@@ -141,6 +150,7 @@ def serve(
         output_len=scenario.output_len,
         exact_length=EXACT_LENGTH.get(engine, "none"),
         timeout_s=srv.timeout_s,
+        warmup_timeout_s=warmup_timeout(srv, engine),
     )
     kv = kv_cache_dtype(precision, srv.kv_cache_dtype)
     if unserved := engines.kv_cannot_serve(kv, engine, device):
