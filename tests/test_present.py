@@ -66,3 +66,25 @@ def test_progress_lines_say_elapsed_estimate_and_step(caplog):
         progress.step("\x1b[32mRunning loglikelihood requests:  45%\x1b[0m")
         time.sleep(0.2)
     assert any(r.getMessage().endswith("; Running loglikelihood requests: 45%") for r in caplog.records)
+
+
+def test_card_text_in_the_ship_card_is_shown_as_written_not_acted_on(tmp_path, monkeypatch):
+    """A source path holding `<img src=x onerror=alert(1)>` and Markdown reached the ship card, the registered
+    version's description and the pulled README.md as is (issue 41)."""
+    import yaml
+    from helpers import REPO
+    from markdown_it import MarkdownIt
+
+    from pipelines.core.cards import ModelCard
+    from pipelines.present.formats import literal
+    from pipelines.present.shipcard import _what
+
+    monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))
+    hostile = "models/<img src=x onerror=alert(1)> [x](javascript:alert(1)) ``tick`` *bold*\n# heading"
+    data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())
+    card = ModelCard.model_validate({**data, "source": {"path": hostile}})
+    html = MarkdownIt().render("\n".join(_what(card, "int8")))
+    assert "<img" not in html and "<a " not in html and "<strong>" not in html and "<h1>" not in html
+    assert "&lt;img src=x onerror=alert(1)&gt; [x](javascript:alert(1)) ``tick`` *bold* # heading</code>" in html
+    for text in ("plain", "`", "a ` b", "``x``"):
+        assert MarkdownIt().render(literal(text)).strip() == f"<p><code>{text}</code></p>"

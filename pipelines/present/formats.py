@@ -7,6 +7,8 @@ The colours are Okabe and Ito's set for colour-blind readers ("Color Universal D
 
 from __future__ import annotations
 
+import re
+
 from eval.serving import crossovers
 from eval.stats import Verdict
 from pipelines.core.verdicts import BuildVerdict, Decision, Measured
@@ -28,6 +30,16 @@ def precision_colour(precision: str) -> str:
     others = [p for p in PRECISIONS if p not in _BY_NAME]
     index = others.index(precision) if precision in others else sum(map(ord, precision))
     return _SPARE[index % len(_SPARE)]
+
+
+def literal(text: str) -> str:
+    """Text a card gives (a path, a hub id, a data set) as a Markdown code span, which a Markdown or HTML
+    renderer shows as written: no link, image or tag acts. The fence is one backtick longer than any run of
+    them in the text (CommonMark, "Code spans"); a line break, which a span cannot hold, is a space."""
+    flat = " ".join(str(text).splitlines())
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", flat)), default=0) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") or not flat.strip() else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
 
 
 def size(gb: float) -> str:

@@ -21,7 +21,8 @@ from quant.precisions import kv_cache_dtype
 def _what(card: ModelCard, precision: str) -> list[str]:
     done = finished(card.name, precision, Quantized)
     src = card.source
-    base = f"{src.hub_id} (revision {src.revision})" if src.hub_id else src.path
+    base = f"{formats.literal(src.hub_id)} (revision {formats.literal(src.revision)})" if src.hub_id else None
+    base = base or formats.literal(src.path or "")
     lines = ["## What it is", "", f"- Base model: {base}", f"- Precision: {precision}"]
     if done is None:
         return lines
@@ -30,7 +31,7 @@ def _what(card: ModelCard, precision: str) -> list[str]:
                  "(compressed-tensors format, built with llm-compressor)")  # fmt: skip
     cal = q.config.calibration if q.config else None
     if cal is not None and q.build is not None:
-        lines.append(f"- Calibration: {card.calibration.dataset if card.calibration else cal}, "
+        lines.append(f"- Calibration: {formats.literal(card.calibration.dataset if card.calibration else cal)}, "
                      f"{q.build.calibration_samples} samples, {q.build.calibration_tokens:,} tokens "
                      f"(sha256 {(q.build.calibration_sha256 or '?')[:12]})")  # fmt: skip
     if q.proof is not None:
