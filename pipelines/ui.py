@@ -9,8 +9,8 @@ from rich.console import Console
 
 from pipelines.core.errors import QevalError
 from pipelines.core.procs import stop_process_group
-from pipelines.tracking.mlflow_tracker import experiment_ids, ui_command
-from pipelines.tracking.store import redact, tracking_uri
+from pipelines.tracking.mlflow_tracker import experiment_ids
+from pipelines.tracking.store import redact, tracking_uri, ui_command
 from pipelines.tracking.view import view_url
 
 

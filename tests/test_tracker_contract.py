@@ -166,3 +166,26 @@ def test_a_registration_that_dies_leaves_ship_where_it_was_and_a_reader_says_how
     with pytest.raises(QevalError, match=r"a gate stopped while registering it.*gate again, which records them"):
         recorded_files(tracker, tracker.shipped())
     assert bare["version"] != first["version"]
+
+
+@pytest.mark.integration
+def test_a_report_written_while_a_gate_replaces_the_summary_run_lands_on_the_new_one(workdir, tmp_path, monkeypatch):
+    """`qeval report` while a gate with a changed policy replaced the summary run failed with MLflow's "must be
+    in the 'active' state" (issue 41): the writer looks the run up again."""
+    from pipelines.tracking.mlflow_tracker import MlflowTracker
+
+    tracker, gate = MlflowTracker("m"), MlflowTracker("m")
+    old, replaced = tracker.summary_run(), []
+    log_artifact = tracker.client.log_artifact
+
+    def meanwhile(run_id, *args, **kwargs):
+        if run_id == old and not replaced:  # the gate replaces the run between the report's first and last write
+            replaced.append(gate.summary_run(new=True))
+        return log_artifact(run_id, *args, **kwargs)
+
+    monkeypatch.setattr(tracker.client, "log_artifact", meanwhile)
+    page = tmp_path / "report.md"
+    page.write_text("# report\n")
+    got = tracker.log_report({}, {}, [page])
+    assert replaced and got == replaced[0] == gate.find_run(None) != old
+    assert (tracker.download(got, "report", tmp_path / "back") / "report.md").read_text() == "# report\n"

@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from pathlib import Path
 from urllib.parse import urlparse
 
 from pipelines.core.errors import QevalError
-from pipelines.core.files import locked
 from pipelines.core.integrity import hashes_digest
 from pipelines.core.manifests import Manifest
 from pipelines.core.tracker import ParamsChanged
@@ -61,11 +59,13 @@ from pipelines.tracking.names import (
 )
 from pipelines.tracking.store import (
     HTTP_DEFAULTS,
+    check_artifact_root,
     check_server,
     redact,
     scrub,
     sqlite_path,
     store_error,
+    store_lock,
     tracking_uri,
     without_credentials,
 )
@@ -87,45 +87,6 @@ def experiment_ids() -> dict[str, str]:
     return {e.name.removeprefix(prefix): e.experiment_id for e in sorted(found, key=lambda e: e.name)}
 
 
-def ui_command(host: str, port: int | str) -> list[str]:
-    """The command that serves the MLflow UI over the store."""
-    uri = tracking_uri()
-    db = sqlite_path(uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
-
-
-@contextmanager
-def _store_lock(uri: str) -> Iterator[None]:
-    """Serialise store creation and experiment/run creation between processes sharing a SQLite store.
-
-    Twelve processes creating a fresh MLflow database at once all failed (docs/toolchain.md).
-    """
-    db = sqlite_path(uri)
-    if db is None:
-        yield
-        return
-    with locked(db.parent / ".qeval.lock", "the MLflow store"):
-        yield
-
-
-def _check_artifact_root(uri: str, location: str) -> None:
-    """A SQLite store keeps its artifacts' absolute place; a copied work folder's store still names the
-    original's, and writing through it would change the original. Refused in one line with the fix."""
-    db = sqlite_path(uri)
-    place = location.removeprefix("file://") if location else ""
-    if db is None or not place.startswith("/"):
-        return
-    root = db.parent.resolve()
-    if not Path(place).resolve().is_relative_to(root):
-        raise QevalError(
-            f"the MLflow store {db} keeps its artifacts in {Path(place).parent}, outside {root}: it was copied from "
-            f"another work folder, and writing through it would change that one; use the original folder, or move "
-            f"{root} aside here to start a fresh store (finished stages are logged to it again)"
-        )
-
-
 class MlflowTracker:
     """A handle on the MLflow store for one model's experiment (the tracker protocol, pipelines/core/tracker.py)."""
 
@@ -142,7 +103,7 @@ class MlflowTracker:
                 db.parent.mkdir(parents=True, exist_ok=True)
                 with open(db, "ab"):
                     pass
-            with _store_lock(self.uri):
+            with store_lock(self.uri):
                 from mlflow.tracking import MlflowClient
 
                 self.client = MlflowClient(tracking_uri=self.uri)
@@ -163,7 +124,7 @@ class MlflowTracker:
         view = json.dumps(runs_view(), sort_keys=True)
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
-            _check_artifact_root(self.uri, exp.artifact_location)
+            check_artifact_root(self.uri, exp.artifact_location)
             if exp.tags.get(TAG_VIEW) != view:  # a store made by an earlier qeval gets this one's view
                 self.client.set_experiment_tag(exp.experiment_id, TAG_VIEW, view)
             return exp.experiment_id
@@ -193,7 +154,7 @@ class MlflowTracker:
         return self._find(TAG_PRECISION, precision) if precision else self._find(TAG_KIND, KIND_SUMMARY)
 
     def _current_run(self, tag: str, value: str, name: str, new: bool, tags: dict[str, str]) -> str:
-        with _store_lock(self.uri):
+        with store_lock(self.uri):
             current = self._find(tag, value)
             if current is not None and not new:
                 return current
@@ -349,7 +310,7 @@ class MlflowTracker:
         from mlflow.exceptions import MlflowException
 
         name = registered_model_name(self.model)
-        with _store_lock(self.uri):
+        with store_lock(self.uri):
             try:
                 self.client.get_registered_model(name)
             except MlflowException:
@@ -379,26 +340,46 @@ class MlflowTracker:
     def log_decision(self, decision: Decision, file: Path) -> str:
         """The policy (params), gate.json and the decision's tags on the model's summary run."""
         params = decision_params(decision)
-        run_id = self.summary_run()
-        existing = self.client.get_run(run_id).data.params
-        if any(k in existing and existing[k] != v for k, v in params.items()):
-            run_id, existing = self.summary_run(new=True), {}  # params are immutable: a changed policy, a new run
-        self._batch(run_id, params={k: v for k, v in params.items() if k not in existing}, tags=summary_tags(decision))
-        self.client.log_artifact(run_id, str(file), artifact_path="gate")
-        self.client.set_terminated(run_id, "FINISHED")
-        return run_id
+
+        def write(run_id: str) -> str:
+            existing = self.client.get_run(run_id).data.params
+            if any(k in existing and existing[k] != v for k, v in params.items()):
+                run_id, existing = self.summary_run(new=True), {}  # params are immutable: a changed policy, a new run
+            self._batch(run_id, params={k: v for k, v in params.items() if k not in existing},
+                        tags=summary_tags(decision))  # fmt: skip
+            self.client.log_artifact(run_id, str(file), artifact_path="gate")
+            self.client.set_terminated(run_id, "FINISHED")
+            return run_id
+
+        return self._on_summary(write)
 
     def log_report(self, figures, tables, files) -> str:
         """Charts (matplotlib figures), tables and files of the report, on the model's summary run."""
-        run_id = self.summary_run()
-        for name, fig in figures.items():
-            self.client.log_figure(run_id, fig, f"report/{name}")
-        for name, table in tables.items():
-            self.client.log_table(run_id, data=dict(table), artifact_file=f"report/{name}")
-        for path in files:
-            self.client.log_artifact(run_id, str(path), artifact_path="report")
-        self.client.set_terminated(run_id, "FINISHED")
-        return run_id
+
+        def write(run_id: str) -> str:
+            for name, fig in figures.items():
+                self.client.log_figure(run_id, fig, f"report/{name}")
+            for name, table in tables.items():
+                self.client.log_table(run_id, data=dict(table), artifact_file=f"report/{name}")
+            for path in files:
+                self.client.log_artifact(run_id, str(path), artifact_path="report")
+            self.client.set_terminated(run_id, "FINISHED")
+            return run_id
+
+        return self._on_summary(write)
+
+    def _on_summary(self, write: Callable[[str], str]) -> str:
+        """`write` on the summary run; where another process (a gate with a changed policy) replaced that run
+        meanwhile, MLflow refuses writes to the old one (it is deleted): written again on the new one."""
+        from mlflow.exceptions import MlflowException
+
+        for attempt in range(3):
+            try:
+                return write(self.summary_run())
+            except MlflowException as e:
+                if "must be in the 'active' state" not in str(e) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
 
 def _description(card: str, why: str, run_id: str) -> str:

@@ -1,4 +1,5 @@
-"""The tracking store's address: where it is, its credentials kept out of sight, its health, its errors.
+"""The tracking store's address: where it is, its credentials kept out of sight, its health, its errors; the
+lock its writers share, and the command that serves its UI.
 
 $MLFLOW_TRACKING_URI, else SQLite at mlruns/mlflow.db. Credentials in an HTTP URI move to MLflow's own
 variables, so that nothing qeval or MLflow prints carries them; every message shows the URI redacted.
@@ -8,10 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pipelines.core.errors import QevalError
+from pipelines.core.files import locked
 from pipelines.core.net import Unreachable, probe
 from pipelines.core.paths import mlruns_dir
 
@@ -86,3 +91,42 @@ def scrub(text: str) -> str:
 
 def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def ui_command(host: str, port: int | str) -> list[str]:
+    """The command that serves the MLflow UI over the store."""
+    uri = tracking_uri()
+    db = sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Serialise store creation and experiment/run creation between processes sharing a SQLite store.
+
+    Twelve processes creating a fresh MLflow database at once all failed (docs/toolchain.md).
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    with locked(db.parent / ".qeval.lock", "the MLflow store"):
+        yield
+
+
+def check_artifact_root(uri: str, location: str) -> None:
+    """A SQLite store keeps its artifacts' absolute place; a copied work folder's store still names the
+    original's, and writing through it would change the original. Refused in one line with the fix."""
+    db = sqlite_path(uri)
+    place = location.removeprefix("file://") if location else ""
+    if db is None or not place.startswith("/"):
+        return
+    root = db.parent.resolve()
+    if not Path(place).resolve().is_relative_to(root):
+        raise QevalError(
+            f"the MLflow store {db} keeps its artifacts in {Path(place).parent}, outside {root}: it was copied from "
+            f"another work folder, and writing through it would change that one; use the original folder, or move "
+            f"{root} aside here to start a fresh store (finished stages are logged to it again)"
+        )
