@@ -92,7 +92,8 @@ class AccuracyConfig(BaseModel):
     one_at_a_time: bool = Field(
         False, description="score the tasks one lm-eval run each, in order, on one model (which `stop` needs); "
         "False: every task in one run, where lm-eval batches their requests together (a document's score can "
-        "differ in its last bits between the two, so a baseline and its builds are scored the same way)"
+        "differ between the two, as bf16 rounds each batch's sums its own way, so a baseline and its builds are "
+        "scored the same way)"
     )  # fmt: skip
     stop: StopScoring | None = Field(
         None, description="one task at a time: stop at the first the build cannot ship with (eval/stopping.py)"
