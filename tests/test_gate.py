@@ -465,3 +465,22 @@ def test_a_build_that_fails_a_task_is_not_scored_further(own_root):
     assert {r.name: r.verdict for r in b.rules if r.name in rest} == dict.fromkeys(rest, INCONCLUSIVE)
     assert table(card, decision)[f"{rest[0]} recovery [interval]"] == ["1", "not scored"]
     assert "a quantized build's scoring stopped at its first task that failed" in policy_text(decision)
+
+
+@pytest.mark.slow
+def test_a_gate_of_some_builds_un_ships_only_a_build_it_judged(own_root):
+    """With `ship` on fp8, `qeval gate --precision int8` that passes nothing deleted the alias, and `qeval card`
+    then said nothing ships (issue 41); gating fp8 itself, failing, still withdraws it."""
+    from memory_tracker import MemoryTracker
+
+    from pipelines.core.cards import load_card
+    from pipelines.decision.gate import gate
+
+    _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, task_min_recovery={"refkjv_ppl": 1.5})
+    card, tracker = load_card("ref-small"), MemoryTracker("ref-small")
+    tracker.register_ship(tracker.build_run("fp8"), "fp8's checkpoint", "an earlier gate")
+    some = gate(card.model_copy(update={"precisions": ["bf16", "int8"]}), tracker)
+    assert some.chosen is None and [b.precision for b in some.builds] == ["int8"]
+    assert tracker.shipped()["precision"] == "fp8"
+    assert gate(card.model_copy(update={"precisions": ["bf16", "fp8"]}), tracker).chosen is None
+    assert tracker.shipped() is None

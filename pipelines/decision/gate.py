@@ -172,6 +172,11 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
         log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)
     elif shipped:  # a regression gate that nothing passed: what is deployed stays deployed
         log.warning("%s: nothing replaces %s: %s", card.name, shipped[0], decision.why)
+    elif (now := tracker.shipped()) is not None and now["precision"] not in card.precisions:
+        # a gate of some builds un-ships only a build it judged
+        kept = now["precision"] or f"version {now['version']}"
+        log.warning("%s: nothing of %s ships (%s); %s still ships, not judged here", card.name,
+                    ", ".join(card.precisions), decision.why, kept)  # fmt: skip
     else:
         tracker.clear_ship()
         log.warning("%s: nothing ships: %s", card.name, decision.why)
