@@ -21,7 +21,7 @@ from quant.execution import Execution
 from quant.precisions import get_precision
 
 
-def _positive(cfg: dict, key: str, default: int | None = None) -> int:
+def positive_int(cfg: dict, key: str, default: int | None = None) -> int:
     """config.json's `key` (or `default` where it is absent or null) as a positive integer; ValueError if
     it is not one."""
     value = cfg.get(key)
@@ -55,20 +55,20 @@ class Shape:
         arch = cfg.get("architectures", ["unnamed"])
         if not isinstance(arch, list) or not arch or not all(isinstance(a, str) and a for a in arch):
             raise ValueError(f"architectures is {arch!r}, not a non-empty list of names")
-        heads, hidden = _positive(cfg, "num_attention_heads"), _positive(cfg, "hidden_size")
-        kv_heads = _positive(cfg, "num_key_value_heads", heads)
+        heads, hidden = positive_int(cfg, "num_attention_heads"), positive_int(cfg, "hidden_size")
+        kv_heads = positive_int(cfg, "num_key_value_heads", heads)
         if heads % kv_heads:
             raise ValueError(f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
         if hidden // heads == 0 and cfg.get("head_dim") is None:
             raise ValueError(f"hidden_size {hidden} is smaller than num_attention_heads {heads}: set head_dim")
         return cls(
-            layers=_positive(cfg, "num_hidden_layers"),
+            layers=positive_int(cfg, "num_hidden_layers"),
             hidden=hidden,
-            intermediate=_positive(cfg, "intermediate_size"),
+            intermediate=positive_int(cfg, "intermediate_size"),
             heads=heads,
             kv_heads=kv_heads,
-            head_dim=_positive(cfg, "head_dim", hidden // heads),
-            vocab=_positive(cfg, "vocab_size"),
+            head_dim=positive_int(cfg, "head_dim", hidden // heads),
+            vocab=positive_int(cfg, "vocab_size"),
             tied=bool(cfg.get("tie_word_embeddings", False)),
         )
 

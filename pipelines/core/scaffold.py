@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from eval.sizing import Shape
+from eval.sizing import Shape, positive_int
 from pipelines.core.cards import parse_card
 from pipelines.core.errors import QevalError
 from pipelines.core.files import atomic_write
@@ -104,9 +104,12 @@ def scaffold(source: str, *, name: str | None = None, revision: str = "main") ->
         shape = Shape.from_config(config)
     except (KeyError, ValueError, TypeError) as e:
         raise QevalError(f"{source}: its config.json is not a decoder-only transformer qeval can size ({e})") from None
-    context = config.get("max_position_embeddings") or 2048
-    if isinstance(context, bool) or not isinstance(context, int) or context < MIN_CONTEXT:
-        raise QevalError(f"{source}: max_position_embeddings is {context!r}; qeval makes cards for a context of "
+    try:
+        context = positive_int(config, "max_position_embeddings", 2048)
+    except ValueError as e:
+        raise QevalError(f"{source}: {e}") from None
+    if context < MIN_CONTEXT:
+        raise QevalError(f"{source}: max_position_embeddings is {context}; qeval makes cards for a context of "
                          f"{MIN_CONTEXT} positions or more (a speed grid of at least 2 output tokens)")  # fmt: skip
     guesses = []
     group = group_size(shape)
