@@ -80,9 +80,11 @@ engine: $(ENGINE_DEPS)
 # The embedded model's whole pipeline, then a small real model's speed half: every precision at
 # Qwen2.5-0.5B's real shape with random weights on vLLM, in its chat scenario (its weights are never fetched
 # here; its quality needs them, so nothing of it ships). `make qwen2.5-0.5b-instruct` sweeps every scenario.
+# ref-lm's exit status 1 is the gate's decision that no build ships (on some machines none passes every
+# rule): the demo goes on to the speed half; `qeval run` and `qeval gate` keep that status for CI.
 SPEED_CARD := qwen2.5-0.5b-instruct
 run: $(STAMP) $(ENGINE_DEPS)
-	$(QEVAL) run --model ref-lm
+	$(QEVAL) run --model ref-lm || [ $$? -eq 1 ]
 	HF_HUB_OFFLINE=1 $(QEVAL) run --model $(SPEED_CARD) --speed-half --scenario chat
 
 all: $(STAMP) $(ENGINE_DEPS)
