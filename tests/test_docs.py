@@ -65,3 +65,31 @@ def test_every_section_cited_by_name_exists():
             if not any(h == heading or h.startswith(heading + " (") or h.startswith(heading + ": ") for h in headings):
                 missing.append(f"{place.relative_to(REPO)}: {doc}, {heading!r}")
     assert seen > 5 and missing == []
+
+
+def test_the_front_page_stays_short_and_dated_figures_live_on_the_results_page():
+    """README.md is the product's front page (issue 42: it had grown to 107 KB of run logs); a commit or a
+    date beside a figure belongs to docs/results.md, which is replaced, not appended to, on each run."""
+    assert len((REPO / "README.md").read_bytes()) < 25_000
+    dated = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b|\b20\d\d-\d\d-\d\d\b")
+    pages = [REPO / "README.md", REPO / "refmodel/README.md", *(REPO / "docs").glob("*.md")]
+    found = [
+        f"{p.relative_to(REPO)}:{n}: {m.group()}"
+        for p in pages
+        if p.name != "results.md"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if (m := dated.search(line))
+    ]
+    assert found == []
+
+
+def test_the_readmes_card_is_a_valid_card(tmp_path):
+    from pipelines.core.card.cards import parse_card
+
+    text = (REPO / "README.md").read_text()
+    shown = re.search(r"```yaml\n(.*?)```", text, re.S)
+    assert shown, "the README shows no card"
+    name = re.search(r"^name: (\S+)$", shown.group(1), re.M).group(1)
+    (tmp_path / f"{name}.yaml").write_text(shown.group(1))
+    card = parse_card(tmp_path / f"{name}.yaml")
+    assert card.source.hub_id and card.precisions[0] == card.gate.baseline
