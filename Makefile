@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml requirements.lock
 
 venv: $(STAMP)
 
-# Team scale (README, "Running as a team"): Ray for `qeval run --ray`, psycopg for a PostgreSQL-backed
+# Team scale (docs/team.md, "Running as a team"): Ray for `qeval run --ray`, psycopg for a PostgreSQL-backed
 # MLflow server. Optional: `make run` never installs them; the tests do.
 TEAM_STAMP := $(VENV)/.installed-team
 $(TEAM_STAMP): $(STAMP)

@@ -6,7 +6,7 @@ scores normalised (eval/records.py reads lm-eval's formats). The engine lm-eval 
 to name: transformers (`hf`), vLLM in-process (`vllm`), or a server's completions API
 (`local-completions`), each given the same context window. task_files() lists a local task folder's YAMLs
 and the data files they name. The pipeline runs evaluate_accuracy() in a fresh process per build
-(pipelines/core/child.py).
+(pipelines/core/system/child.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from eval.stopping import StopScoring, first_stop
 from quant.registry import suggest
 
 WARM_IMPORTS = ("torch", "transformers", "datasets", "compressed_tensors", "lm_eval", "lm_eval.evaluator")
-"""What every evaluation imports: pipelines/core/warm.py imports them once for the builds it evaluates."""
+"""What every evaluation imports: pipelines/core/system/warm.py imports them once for the builds it evaluates."""
 
 
 class AccuracyConfig(BaseModel):
@@ -73,10 +73,17 @@ class AccuracyConfig(BaseModel):
         "auto", description="auto: vllm where installed and on a GPU, else hf; local-completions: a server's API"
     )
     tensor_parallel: int = Field(1, gt=0, description="vllm backend: GPUs the model is split over")
-    vllm_memory_share: float = Field(0.9, gt=0, le=1, description="vllm backend on a GPU: the share of its memory "
-                                     "vLLM takes (weights, activations, KV cache)")  # fmt: skip
-    vllm_eager: bool = Field(False, description="vllm backend: no CUDA graphs or compilation (a model too small to "
-                             "gain from them starts faster without)")  # fmt: skip
+    vllm_memory_share: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="vllm backend on a GPU: the share of its memory vLLM takes (weights, activations, KV cache)",
+    )
+    vllm_eager: bool = Field(
+        False,
+        description="vllm backend: no CUDA graphs or compilation (a model too small to "
+        "gain from them starts faster without)",
+    )
     base_url: str | None = Field(None, description="local-completions: the server's base URL (127.0.0.1)")
     served_model: str | None = Field(None, description="local-completions: the name the server serves it under")
     max_length: int | None = Field(
@@ -86,15 +93,17 @@ class AccuracyConfig(BaseModel):
         "config, which for a long-context model is more than a batch of logits fits in)",
     )
     max_seq_lengths: list[int] | None = Field(
-        None, description="lengths lm-eval's long-context tasks (RULER's niah_*) generate documents at; None: "
-        "lm-eval's default (4,096)"
-    )  # fmt: skip
+        None,
+        description="lengths lm-eval's long-context tasks (RULER's niah_*) generate documents at; None: "
+        "lm-eval's default (4,096)",
+    )
     one_at_a_time: bool = Field(
-        False, description="score the tasks one lm-eval run each, in order, on one model (which `stop` needs); "
+        False,
+        description="score the tasks one lm-eval run each, in order, on one model (which `stop` needs); "
         "False: every task in one run, where lm-eval batches their requests together (a document's score can "
         "differ between the two, as bf16 rounds each batch's sums its own way, so a baseline and its builds are "
-        "scored the same way)"
-    )  # fmt: skip
+        "scored the same way)",
+    )
     stop: StopScoring | None = Field(
         None, description="one task at a time: stop at the first the build cannot ship with (eval/stopping.py)"
     )
@@ -212,8 +221,13 @@ def model_args(cfg: AccuracyConfig, backend: str, device: str) -> dict[str, Any]
         if cfg.kv_cache_dtype == "fp8":
             args["attn_implementation"] = attention_name(query=cfg.fp8_query)
     elif backend == "vllm":  # the rest goes to vllm.LLM: its own FP8 KV cache, safetensors only
-        args |= {"tensor_parallel_size": cfg.tensor_parallel, "kv_cache_dtype": cfg.kv_cache_dtype, "seed": cfg.seed,
-                 "enforce_eager": cfg.vllm_eager, "load_format": "safetensors"}  # fmt: skip
+        args |= {
+            "tensor_parallel_size": cfg.tensor_parallel,
+            "kv_cache_dtype": cfg.kv_cache_dtype,
+            "seed": cfg.seed,
+            "enforce_eager": cfg.vllm_eager,
+            "load_format": "safetensors",
+        }
         if device.startswith("cuda"):
             args["gpu_memory_utilization"] = cfg.vllm_memory_share
     return args
@@ -347,9 +361,11 @@ def _cannot_load(name: str, e: Exception) -> str:
     if isinstance(e, ModuleNotFoundError):
         return f"task '{name}' needs the Python package '{e.name}', which is not installed here ({why})"
     if offline:
-        return (f"task '{name}' needs its data set from the hub, which is off here ({why}); where the hub is "
-                f"reachable set QEVAL_ALLOW_HUB=1 once to fill the cache, or write a local task YAML with "
-                f"dataset_path: json")  # fmt: skip
+        return (
+            f"task '{name}' needs its data set from the hub, which is off here ({why}); where the hub is "
+            f"reachable set QEVAL_ALLOW_HUB=1 once to fill the cache, or write a local task YAML with "
+            f"dataset_path: json"
+        )
     return f"task '{name}' could not be loaded: {why}"
 
 

@@ -76,8 +76,9 @@ def measured(levels: Mapping[int, LevelMetrics], *, devices: int = 1, how: str) 
     if not users or not within:
         return PerInstance(0, 0.0, 0.0, math.inf, devices, True, how)
     best = max(within, key=lambda m: m.output_tps or 0.0)
-    return PerInstance(users, best.output_tps or 0.0, best.request_tps or 0.0, (best.e2e_ms_p50 or 0) / 1000,
-                       devices, True, how)  # fmt: skip
+    return PerInstance(
+        users, best.output_tps or 0.0, best.request_tps or 0.0, (best.e2e_ms_p50 or 0) / 1000, devices, True, how
+    )
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,19 @@ def _kv_room(shape: Shape, weights: float, gpu: Gpu, n: int, a: Assumptions) -> 
     return n * per_gpu - weights
 
 
-def project(shape: Shape, precision: str, gpu: Gpu, *, weights: float, input_len: int, output_len: int,
-            ttft_ms: float, tpot_ms: float, a: Assumptions,
-            tp: int | None = None) -> tuple[PerInstance, Projected] | None:  # fmt: skip
+def project(
+    shape: Shape,
+    precision: str,
+    gpu: Gpu,
+    *,
+    weights: float,
+    input_len: int,
+    output_len: int,
+    ttft_ms: float,
+    tpot_ms: float,
+    a: Assumptions,
+    tp: int | None = None,
+) -> tuple[PerInstance, Projected] | None:
     """One instance of the build on `tp` GPUs (the fewest that hold it, if None), projected: a decode step
     at c users takes the longer of its bytes over `a.mbu` of the GPUs' bandwidth and its FLOPs over `a.mfu` of
     their peak, the FLOPs counting c / output_len prompts' prefill (each request's prefill spread over its
@@ -131,8 +142,9 @@ def project(shape: Shape, precision: str, gpu: Gpu, *, weights: float, input_len
 
     def tpot(c: int) -> float:
         step_flops = c * token_flops + c / output_len * prefill
-        return max(decode_step_bytes(weights, shape.embedding_table_bytes, kv_tok, c, mid) / bandwidth,
-                   step_flops / flops)  # fmt: skip
+        return max(
+            decode_step_bytes(weights, shape.embedding_table_bytes, kv_tok, c, mid) / bandwidth, step_flops / flops
+        )
 
     users = 0
     if ttft * 1000 <= ttft_ms and max_seqs >= 1 and tpot(1) * 1000 <= tpot_ms:
@@ -159,5 +171,11 @@ def cost(per: PerInstance | None, users_needed: float, price_per_device_hour: fl
     if price_per_device_hour is None:
         return Cost(users_needed, instances, devices, None, None, None)
     instance_hour = price_per_device_hour * per.devices
-    return Cost(users_needed, instances, devices, devices * price_per_device_hour,
-                instance_hour / (per.output_tps * 3600) * 1e6, instance_hour / (per.request_rps * 3600))  # fmt: skip
+    return Cost(
+        users_needed,
+        instances,
+        devices,
+        devices * price_per_device_hour,
+        instance_hour / (per.output_tps * 3600) * 1e6,
+        instance_hour / (per.request_rps * 3600),
+    )

@@ -7,7 +7,7 @@ inter-token latency, TPOT and end-to-end latency all come from the same clock. M
 reported with the sample count. On CUDA (or when asked) the KV cache is static and the decode step is
 compiled (as gpt-fast does); a build that cannot compile runs eager and says why; elsewhere generation
 is eager with a dynamic cache. An out-of-memory point is a result ("oom"), not a crash.
-The pipeline runs bench_engine() in a fresh process per build (pipelines/core/child.py).
+The pipeline runs bench_engine() in a fresh process per build (pipelines/core/system/child.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from eval.sizing import Shape
 from quant.execution import CPU, DEQUANTIZED, Device, Execution, execution
 
 WARM_IMPORTS = ("torch", "transformers")
-"""What every engine bench imports: pipelines/core/warm.py imports them once for the builds it benches."""
+"""What every engine bench imports: pipelines/core/system/warm.py imports them once for the builds it benches."""
 
 
 class EngineConfig(BaseModel):
@@ -121,8 +121,9 @@ def _load(cfg: EngineConfig, device: str):
     if cfg.no_weights:
         config = AutoConfig.from_pretrained(cfg.checkpoint, trust_remote_code=cfg.trust_remote_code)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=cfg.trust_remote_code,
-                                                     **attention)  # fmt: skip
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, trust_remote_code=cfg.trust_remote_code, **attention
+            )
     else:
         model = AutoModelForCausalLM.from_pretrained(
             cfg.checkpoint, dtype=dtype, trust_remote_code=cfg.trust_remote_code, use_safetensors=True, **attention
@@ -337,7 +338,7 @@ def _measure(h: _Harness, b: int, i: int, o: int) -> PointResult:
         peak = torch.cuda.max_memory_allocated()
     else:
         # the peak in a run of its own: the sampler's thread, waking every 2 ms, costs a small model's decode
-        # a few per cent on 2 cores (README, "How speed is measured"), so no timed run carries it
+        # a few per cent on 2 cores (docs/measurement.md, "How speed is measured"), so no timed run carries it
         with RssPeak() as rss:
             _generate(h.model, h.cfg, b, i, o, h.generate_args)
         peak = rss.peak

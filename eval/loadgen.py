@@ -8,7 +8,7 @@ Failed and timed-out requests are recorded with their error, never dropped.
 The client is aiohttp, as `vllm bench serve`'s is. On a machine where the client shares the cores with
 the server, the client's own CPU time is taken from the server: with httpx this generator used 2-3x the
 CPU of aiohttp for the same requests, and the server it measured had TTFT p95 up to 10x and throughput
-0.75-0.9x of what the same server gave aiohttp or vLLM's own client in alternating runs (README, "The load
+0.75-0.9x of what the same server gave aiohttp or vLLM's own client in alternating runs (docs/measurement.md, "The load
 generator against vLLM's own client").
 """
 
@@ -179,8 +179,9 @@ async def one_request(session, cfg: LoadConfig, prompt: Prompt, concurrency: int
     end = time.perf_counter()
     short = _short(cfg, ended, tokens, counted)
     if short or not times:
-        return RequestRecord(concurrency, index, start, end, False, output_tokens=tokens,
-                             error=short or "no tokens streamed")  # fmt: skip
+        return RequestRecord(
+            concurrency, index, start, end, False, output_tokens=tokens, error=short or "no tokens streamed"
+        )
     return RequestRecord(
         concurrency,
         index,
@@ -212,8 +213,9 @@ def prompts_needed(load: LoadSettings) -> int:
     return (1 + top * load.warmup if load.warmup else 0) + sum(c * load.requests_per_user for c in load.concurrency)
 
 
-async def run_level(session, cfg: LoadConfig, prompts: Sequence[Prompt], concurrency: int, n: int,
-                    first: int = 0) -> list[RequestRecord]:  # fmt: skip
+async def run_level(
+    session, cfg: LoadConfig, prompts: Sequence[Prompt], concurrency: int, n: int, first: int = 0
+) -> list[RequestRecord]:
     """`n` requests with `concurrency` closed-loop workers, taking prompts from index `first` on."""
     queue = iter(range(n))
     records: list[RequestRecord] = []

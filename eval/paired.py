@@ -3,7 +3,7 @@ gate), or a build scored through its server against its offline scores (the serv
 
 Each side is an evaluation's folder of per-document records with the scores read from it
 (eval/accuracy.py); the statistics are eval/stats.py's. Which metric judges a task and what threshold it
-is held to are the caller's to say: a model card's gate policy gives both (pipelines/core/cards.py).
+is held to are the caller's to say: a model card's gate policy gives both (pipelines/core/card/cards.py).
 """
 
 from __future__ import annotations
@@ -103,9 +103,16 @@ def paired(
     base_v, build_v = [base_docs[d] for d in docs], [build_docs[d] for d in docs]
     rule, bound = threshold.rule(is_likelihood(base_v))
     return compare(
-        name, base_v, build_v, higher_is_better=higher, rule=rule, threshold=bound,
-        confidence=bootstrap.confidence, iters=bootstrap.resamples, seed=bootstrap.seed,
-    )  # fmt: skip
+        name,
+        base_v,
+        build_v,
+        higher_is_better=higher,
+        rule=rule,
+        threshold=bound,
+        confidence=bootstrap.confidence,
+        iters=bootstrap.resamples,
+        seed=bootstrap.seed,
+    )
 
 
 def _gains(side: Scored, control: str, m: Metric, docs: dict) -> dict:
@@ -197,7 +204,11 @@ def generation(
     if pairs is None:
         return None
     lengths = length_band(
-        [len(a) for a, _ in pairs], [len(b) for _, b in pairs], band=band,
-        confidence=bootstrap.confidence, iters=bootstrap.resamples, seed=bootstrap.seed,
-    )  # fmt: skip
+        [len(a) for a, _ in pairs],
+        [len(b) for _, b in pairs],
+        band=band,
+        confidence=bootstrap.confidence,
+        iters=bootstrap.resamples,
+        seed=bootstrap.seed,
+    )
     return Generation(lengths, Departures([departure(a, b) for a, b in pairs]))

@@ -163,8 +163,10 @@ def length_mismatches(records: Sequence[RequestRecord], input_len: int, output_l
     bad = []
     for r in records:
         if r.ok and (r.prompt_tokens != input_len or r.output_tokens != output_len):
-            bad.append(f"request {r.index} at concurrency {r.concurrency}: {r.prompt_tokens} prompt tokens and "
-                       f"{r.output_tokens} output tokens, asked {input_len} and {output_len}")  # fmt: skip
+            bad.append(
+                f"request {r.index} at concurrency {r.concurrency}: {r.prompt_tokens} prompt tokens and "
+                f"{r.output_tokens} output tokens, asked {input_len} and {output_len}"
+            )
     return bad
 
 

@@ -1,4 +1,4 @@
-"""Speed and memory arithmetic: pure functions on numbers (definitions in README, "Definitions")."""
+"""Speed and memory arithmetic: pure functions on numbers (definitions in docs/measurement.md, "Definitions")."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ def mid_generation_context(input_len: int, output_len: int) -> float:
     return input_len + output_len / 2
 
 
-def decode_step_bytes(weight_bytes: float, embedding_bytes: float, kv_per_token: float, batch: int,
-                      context: float) -> float:  # fmt: skip
+def decode_step_bytes(
+    weight_bytes: float, embedding_bytes: float, kv_per_token: float, batch: int, context: float
+) -> float:
     """Bytes a decode step reads from memory: every weight once but the input embedding table, plus each
     sequence's KV cache at `context` tokens.
 

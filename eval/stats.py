@@ -244,5 +244,6 @@ def length_band(
     verdict = (
         Verdict.PASS if low <= lo and hi <= high else Verdict.FAIL if hi < low or lo > high else Verdict.INCONCLUSIVE
     )
-    return LengthBand(band=band, verdict=verdict, n=len(a), baseline=float(a.mean()), build=float(b.mean()),
-                      ratio=(est, lo, hi))  # fmt: skip
+    return LengthBand(
+        band=band, verdict=verdict, n=len(a), baseline=float(a.mean()), build=float(b.mean()), ratio=(est, lo, hi)
+    )

@@ -27,8 +27,9 @@ class TaskRule(BaseModel):
     threshold: Threshold
     metric: str | None = Field(None, description="the metric that judges it (None: the preferred)")
     control: str | None = Field(None, description="a task it is judged by its gain over")
-    length_band: float | None = Field(None, description="generative: output length within this share of the "
-                                      "baseline's (None: not gated)")  # fmt: skip
+    length_band: float | None = Field(
+        None, description="generative: output length within this share of the baseline's (None: not gated)"
+    )
 
 
 class StopScoring(BaseModel):
@@ -57,8 +58,15 @@ def first_stop(stop: StopScoring, folder: Path, scored: AccuracyResult, judged: 
         if task in judged or task not in scored.scores or (rule.control and rule.control not in scored.scores):
             continue
         judged.add(task)
-        c = paired(task, base, build, threshold=rule.threshold, bootstrap=stop.bootstrap, metric=rule.metric,
-                   control=rule.control)  # fmt: skip
+        c = paired(
+            task,
+            base,
+            build,
+            threshold=rule.threshold,
+            bootstrap=stop.bootstrap,
+            metric=rule.metric,
+            control=rule.control,
+        )
         if c.verdict in stopping:
             est, lo, hi = c.statistic
             return f"{task} {c.verdict} ({c.metric} {est:.4g} [{lo:.4g}, {hi:.4g}] vs {c.threshold:g})"

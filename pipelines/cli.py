@@ -27,11 +27,11 @@ from pipelines.cli_common import (
     out,
     tracker_for,
 )
-from pipelines.core import cards as cards_mod
-from pipelines.core import logs, progress
-from pipelines.core.cards import ModelCard
-from pipelines.core.errors import QevalError
-from pipelines.core.manifests import StageRecord
+from pipelines.core.card import cards as cards_mod
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.store.manifests import StageRecord
+from pipelines.core.system import logs, progress
+from pipelines.core.system.errors import QevalError
 from pipelines.present import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization evaluation pipeline.")
@@ -96,7 +96,7 @@ def _run_builds(
 @guarded
 def models(as_json: JsonOpt = False) -> None:
     """List the model cards and check that each one is valid."""
-    from pipelines.core.demands import survey
+    from pipelines.core.framework.demands import survey
 
     listed, problems = survey()
     out.print(console.cards(listed))
@@ -114,7 +114,7 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="replace a card of that name")] = False,
 ) -> None:
     """Write a validated model card from a model's config.json, and say what it guessed."""
-    from pipelines.core.scaffold import scaffold, write
+    from pipelines.scaffold import scaffold, write
 
     made = scaffold(source, name=name, revision=revision)
     path = write(made, force=force)
@@ -195,14 +195,27 @@ def serve(
         raise QevalError("--url measures one build: name it with exactly one --precision")
     if url and not url.startswith(("http://", "https://")):
         raise QevalError(f"--url must be an http(s) base URL such as http://127.0.0.1:8000, not '{url}'")
-    _run_builds(model, precision, lambda c: c.precisions, run_serve, as_json, [scenario] if scenario else None,
-                force=force, url=url)  # fmt: skip
+    _run_builds(
+        model,
+        precision,
+        lambda c: c.precisions,
+        run_serve,
+        as_json,
+        [scenario] if scenario else None,
+        force=force,
+        url=url,
+    )
 
 
 @app.command()
 @guarded
-def shape(model: ModelOpt, precision: PrecisionsOpt = None, scenario: ScenariosOpt = None, force: ForceOpt = False,
-          as_json: JsonOpt = False) -> None:  # fmt: skip
+def shape(
+    model: ModelOpt,
+    precision: PrecisionsOpt = None,
+    scenario: ScenariosOpt = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Every precision's speed at the model's real shape with random weights, on vLLM (no weights needed)."""
     from pipelines.stages.shape import shape as run_shape
 
@@ -243,8 +256,11 @@ def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
     out.print(console.gate(decision))
     if decision.chosen:
         reg = decision.registered
-        out.print(f"ships: {decision.chosen} ({decision.why}); registered as {reg.get('name')} "
-                  f"version {reg.get('version')}, alias '{reg.get('alias')}'", highlight=False)  # fmt: skip
+        out.print(
+            f"ships: {decision.chosen} ({decision.why}); registered as {reg.get('name')} "
+            f"version {reg.get('version')}, alias '{reg.get('alias')}'",
+            highlight=False,
+        )
     else:
         err.print(f"qeval: nothing ships for {decision.model}: {decision.why}", highlight=False)
     emit_json({**(extra or {}), "gate": json.loads(decision.model_dump_json())}, as_json)
@@ -277,7 +293,7 @@ def run(
     speed half instead (every precision at the model's shape with random weights, and sizing): nothing is
     gated, nothing ships, and the exit status is 0.
     """
-    from pipelines.core.registry import get_stage
+    from pipelines.core.framework.registry import get_stage
     from pipelines.run import run_pipeline
 
     for stage in skip or []:
@@ -286,8 +302,9 @@ def run(
         except ValueError as e:
             raise QevalError(f"--skip: {e}") from None
     card = _only(cards_mod.load_card(model), precision).with_scenarios(scenario or [])
-    result = run_pipeline(card, tracker_for(model), force=force, skip=tuple(skip or ()), ray_address=ray_address,
-                          speed_half=speed_half)  # fmt: skip
+    result = run_pipeline(
+        card, tracker_for(model), force=force, skip=tuple(skip or ()), ray_address=ray_address, speed_half=speed_half
+    )
     out.print(console.builds(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
     out.print(console.time_by_stage(result.seconds), highlight=False)
@@ -333,7 +350,7 @@ def gate(
 def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
     """Charts and a table of the gate's last decision, speed against quality per precision, to reports/<model>/
     and MLflow."""
-    from pipelines.core.verdicts import read_decision
+    from pipelines.core.store.verdicts import read_decision
     from pipelines.present.report import report as write_report
     from pipelines.tracking.readback import fetch_builds, fetch_decision
 

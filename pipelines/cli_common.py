@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from pipelines.core import cards as cards_mod
-from pipelines.core.errors import QevalError
+from pipelines.core.card import cards as cards_mod
+from pipelines.core.system.errors import QevalError
 
 # Written to a file or a pipe, Rich would cut tables at 80 columns: names a user must type get "…"; wide
 # enough, a table keeps its natural width.

@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 
 from pipelines.cli_common import JsonOpt, ModelOpt, emit_json, guarded, out, tracker_for
-from pipelines.core import cards as cards_mod
-from pipelines.core.errors import QevalError
+from pipelines.core.card import cards as cards_mod
+from pipelines.core.system.errors import QevalError
 
 
 @guarded
@@ -27,9 +27,12 @@ def pull(
 
     cards_mod.load_card(model)
     got = run_pull(tracker_for(model), alias, Path(folder))
-    out.print(f"{got['name']} version {got['version']} ('{alias}', {got['precision']}): {got['files']} files, "
-              f"{got['bytes'] / 1e6:.2f} MB in {got['folder']}, {got['verified']} checked against the gated "
-              f"checkpoint's sha256", highlight=False)  # fmt: skip
+    out.print(
+        f"{got['name']} version {got['version']} ('{alias}', {got['precision']}): {got['files']} files, "
+        f"{got['bytes'] / 1e6:.2f} MB in {got['folder']}, {got['verified']} checked against the gated "
+        f"checkpoint's sha256",
+        highlight=False,
+    )
     emit_json(got, as_json)
 
 

@@ -26,12 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.core import logs
-from pipelines.core.cards import ModelCard
-from pipelines.core.errors import QevalError
-from pipelines.core.manifests import StageRecord
-from pipelines.core.progress import duration, every_s
-from pipelines.core.registry import STAGES
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.registry import STAGES
+from pipelines.core.store.manifests import StageRecord
+from pipelines.core.system import logs
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.progress import duration, every_s
 from pipelines.tracking.readback import fetch_stage
 from quant.precisions import get_precision
 
@@ -96,14 +96,18 @@ def tasks_of(builds: list[str]) -> dict[str, list[str]]:
     return tasks
 
 
-def chains(card: ModelCard, precisions: list[str], stages: list[str], force: bool, env: dict[str, str],
-           milestones) -> list[ChainOutcome]:  # fmt: skip
+def chains(
+    card: ModelCard, precisions: list[str], stages: list[str], force: bool, env: dict[str, str], milestones
+) -> list[ChainOutcome]:
     """Builds' chains in turn, in one Ray worker; once one fails, the rest (its variants) are not started."""
     outcomes = [chain(card, precisions[0], stages, force, env, milestones)]
     for p in precisions[1:]:
         failed = outcomes[0].error
-        outcomes.append(ChainOutcome(p, error=f"{precisions[0]} failed: {failed}") if failed else
-                        chain(card, p, stages, force, env, milestones))  # fmt: skip
+        outcomes.append(
+            ChainOutcome(p, error=f"{precisions[0]} failed: {failed}")
+            if failed
+            else chain(card, p, stages, force, env, milestones)
+        )
     return outcomes
 
 
@@ -150,8 +154,9 @@ def _wait_for_baseline(card: ModelCard, precision: str, tracker, stage: str, mil
         raise QevalError(f"the baseline's {stage} finished but its MLflow run does not hold it")
 
 
-def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: str, *, force: bool = False,
-               cpus: float = 1.0) -> list[ChainOutcome]:  # fmt: skip
+def run_on_ray(
+    card: ModelCard, builds: list[str], stages: list[str], address: str, *, force: bool = False, cpus: float = 1.0
+) -> list[ChainOutcome]:
     """Every build's chain as a Ray task on the cluster at `address`; their outcomes, in `builds`' order."""
     ray = _ray()
     from pipelines.tracking.store import tracking_uri
@@ -159,8 +164,11 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
     env = {k: os.environ[k] for k in CREDENTIALS if os.environ.get(k)}
     env["MLFLOW_TRACKING_URI"] = tracking_uri()
     if env["MLFLOW_TRACKING_URI"].startswith("sqlite:"):
-        log.warning("--ray with a local SQLite store: every node must see %s (set MLFLOW_TRACKING_URI to a "
-                    "tracking server for a cluster of several machines)", env["MLFLOW_TRACKING_URI"])  # fmt: skip
+        log.warning(
+            "--ray with a local SQLite store: every node must see %s (set MLFLOW_TRACKING_URI to a "
+            "tracking server for a cluster of several machines)",
+            env["MLFLOW_TRACKING_URI"],
+        )
     if not sys.stderr.isatty():  # Ray colours the task prefix of forwarded lines; a log file gets plain text
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     try:
@@ -169,8 +177,12 @@ def run_on_ray(card: ModelCard, builds: list[str], stages: list[str], address: s
         raise QevalError(f"cannot join the Ray cluster at {address}: {str(e).splitlines()[0][:300]}") from None
     try:
         need = task_resources(ray.cluster_resources(), card, cpus)
-        log.info("Ray cluster %s: %s; one task per build, each asking for %s", address,
-                 _resources(ray.cluster_resources()), _resources(need))  # fmt: skip
+        log.info(
+            "Ray cluster %s: %s; one task per build, each asking for %s",
+            address,
+            _resources(ray.cluster_resources()),
+            _resources(need),
+        )
         milestones = _milestones_actor(ray).remote()
         task = ray.remote(chains)
         pending = {  # the baseline first: Ray starts tasks in the order they were submitted
@@ -202,8 +214,10 @@ def task_resources(cluster: dict[str, float], card: ModelCard, cpus: float) -> d
         return {"num_cpus": cpus}
     degree = (card.server.tensor_parallel or 1) * card.server.pipeline_parallel
     if degree > gpus:
-        raise QevalError(f"{card.name}: a build is served on {degree} GPUs (server.tensor_parallel x "
-                         f"pipeline_parallel) and the Ray cluster has {gpus:g}")  # fmt: skip
+        raise QevalError(
+            f"{card.name}: a build is served on {degree} GPUs (server.tensor_parallel x "
+            f"pipeline_parallel) and the Ray cluster has {gpus:g}"
+        )
     per_gpu = max(1, int(cluster.get("CPU", 1) // gpus))
     return {"num_gpus": degree, "num_cpus": per_gpu * degree}
 
@@ -241,5 +255,11 @@ def _said(card: ModelCard, outcome: ChainOutcome) -> None:
     if outcome.error:
         log.error("%s@%s: failed after %s: %s", card.name, p, duration(outcome.seconds), outcome.error)
     else:
-        log.info("%s@%s: %d stages done in %s on %s", card.name, p, len(outcome.records), duration(outcome.seconds),
-                 outcome.node)  # fmt: skip
+        log.info(
+            "%s@%s: %d stages done in %s on %s",
+            card.name,
+            p,
+            len(outcome.records),
+            duration(outcome.seconds),
+            outcome.node,
+        )

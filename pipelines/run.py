@@ -2,7 +2,7 @@
 
 quantize (every precision; the baseline only records its size), then evaluate, bench, size and serve
 (every build; the server reads the offline evaluation and, on a GPU, the size stage's tensor-parallel
-degree), then the gate and the report over all builds (pipelines/core/registry.py has the order). Each
+degree), then the gate and the report over all builds (pipelines/core/framework/registry.py has the order). Each
 build stage is cached, so a rerun costs seconds; the first stage that fails stops the run with its error,
 and everything done before it stays. With a Ray address each build's stages run as one task instead
 (pipelines/fanout.py).
@@ -21,13 +21,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.core.cards import ModelCard
-from pipelines.core.errors import QevalError
-from pipelines.core.manifests import StageRecord
-from pipelines.core.registry import FULL_RUN, SPEED_HALF, STAGES
-from pipelines.core.tracker import Tracker
-from pipelines.core.verdicts import Decision
-from pipelines.core.weights import WeightsRefused, resolve_weights
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.registry import FULL_RUN, SPEED_HALF, STAGES
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.framework.weights import WeightsRefused, resolve_weights
+from pipelines.core.store.manifests import StageRecord
+from pipelines.core.store.verdicts import Decision
+from pipelines.core.system.errors import QevalError
 from pipelines.decision.gate import gate, nothing_to_gate
 from pipelines.fanout import run_on_ray
 from pipelines.present.report import report, speed_report
@@ -63,8 +63,15 @@ def builds_in_order(card: ModelCard) -> list[str]:
     return [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
 
 
-def run_pipeline(card: ModelCard, tracker: Tracker, *, force: bool = False, skip: tuple[str, ...] = (),
-                 ray_address: str | None = None, speed_half: bool = False) -> PipelineResult:  # fmt: skip
+def run_pipeline(
+    card: ModelCard,
+    tracker: Tracker,
+    *,
+    force: bool = False,
+    skip: tuple[str, ...] = (),
+    ray_address: str | None = None,
+    speed_half: bool = False,
+) -> PipelineResult:
     """Run the pipeline for one card; raise QevalError at the first stage that fails.
 
     `skip`: stages left out. `ray_address`: each build's stages as one task on that Ray cluster
@@ -86,8 +93,9 @@ def run_pipeline(card: ModelCard, tracker: Tracker, *, force: bool = False, skip
     return result
 
 
-def _in_order(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], force: bool,
-              seconds: dict[str, float]) -> list[StageRecord]:  # fmt: skip
+def _in_order(
+    card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], force: bool, seconds: dict[str, float]
+) -> list[StageRecord]:
     """Each stage for every build, stage by stage, one at a time on this machine; adds each stage's wall
     time (its cache checks included) to `seconds`."""
     steps = [(stage, precision) for stage in stages for precision in builds]
@@ -100,11 +108,17 @@ def _in_order(card: ModelCard, tracker: Tracker, builds: list[str], stages: list
     return records
 
 
-def _speed_half(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], why: str,
-                force: bool) -> PipelineResult:  # fmt: skip
+def _speed_half(
+    card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], why: str, force: bool
+) -> PipelineResult:
     """The stages that need no weights, for every build; nothing is gated, and the report says why."""
-    log.warning("%s: running its speed half only (%s): %s at the model's shape with random weights, and sizing; "
-                "its quality needs the weights, so nothing ships", card.name, why, ", ".join(builds))  # fmt: skip
+    log.warning(
+        "%s: running its speed half only (%s): %s at the model's shape with random weights, and sizing; "
+        "its quality needs the weights, so nothing ships",
+        card.name,
+        why,
+        ", ".join(builds),
+    )
     seconds: dict[str, float] = defaultdict(float)
     records = _in_order(card, tracker, builds, stages, force, seconds)
     t0 = time.perf_counter()
@@ -114,8 +128,9 @@ def _speed_half(card: ModelCard, tracker: Tracker, builds: list[str], stages: li
     return PipelineResult(records, None, files, speed_half=reason, seconds=seconds)
 
 
-def _decide(card: ModelCard, tracker: Tracker, records: list[StageRecord],
-            seconds: dict[str, float] | None = None) -> PipelineResult:  # fmt: skip
+def _decide(
+    card: ModelCard, tracker: Tracker, records: list[StageRecord], seconds: dict[str, float] | None = None
+) -> PipelineResult:
     seconds = defaultdict(float, seconds or {})
     log.info("gate %s", card.name)
     t0 = time.perf_counter()
@@ -127,8 +142,9 @@ def _decide(card: ModelCard, tracker: Tracker, records: list[StageRecord],
     return PipelineResult(records, decision, files, seconds=seconds)
 
 
-def _on_ray(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], address: str,
-            force: bool) -> PipelineResult:  # fmt: skip
+def _on_ray(
+    card: ModelCard, tracker: Tracker, builds: list[str], stages: list[str], address: str, force: bool
+) -> PipelineResult:
     outcomes = run_on_ray(card, builds, stages, address, force=force)
     records = [r for o in outcomes for r in o.records]
     failed = {o.precision: o.error for o in outcomes if o.error}
@@ -139,5 +155,7 @@ def _on_ray(card: ModelCard, tracker: Tracker, builds: list[str], stages: list[s
     finished = card.model_copy(update={"precisions": [p for p in builds if p not in failed]})
     _decide(finished, tracker, records)
     log.info("gated and reported the builds that finished (%s)", ", ".join(finished.precisions))
-    raise QevalError(f"{len(failed)} of {len(builds)} builds failed on Ray: "
-                     + "; ".join(f"{card.name}@{p}: {e}" for p, e in failed.items()))  # fmt: skip
+    raise QevalError(
+        f"{len(failed)} of {len(builds)} builds failed on Ray: "
+        + "; ".join(f"{card.name}@{p}: {e}" for p, e in failed.items())
+    )

@@ -7,8 +7,8 @@ import subprocess
 
 from rich.console import Console
 
-from pipelines.core.errors import QevalError
-from pipelines.core.procs import stop_process_group
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.procs import stop_process_group
 from pipelines.tracking.mlflow_tracker import experiment_ids
 from pipelines.tracking.store import redact, tracking_uri, ui_command
 from pipelines.tracking.view import view_url

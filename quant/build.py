@@ -1,6 +1,6 @@
 """Build one quantized checkpoint with llm-compressor's `oneshot` and save it compressed.
 
-The pipeline runs build_and_prove() in a fresh process (pipelines/core/child.py): quantize_checkpoint(),
+The pipeline runs build_and_prove() in a fresh process (pipelines/core/system/child.py): quantize_checkpoint(),
 then quant/verify.py's proof of the folder it saved, a compressed-tensors checkpoint with its recipe.yaml,
 loadable by transformers and servable by vLLM.
 """
@@ -22,7 +22,7 @@ from quant.recipes import RecipeOptions
 from quant.verify import VerifyConfig, VerifyResult, verify_checkpoint
 
 WARM_IMPORTS = ("torch", "transformers", "datasets", "llmcompressor")
-"""What every build imports: pipelines/core/warm.py imports them once for the builds it makes."""
+"""What every build imports: pipelines/core/system/warm.py imports them once for the builds it makes."""
 
 CHECKPOINT_DIR = "checkpoint"  # inside the stage folder
 SAVED_DTYPE = "bfloat16"  # what a build's unquantized tensors and scales are saved in, whatever it computed in

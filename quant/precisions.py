@@ -139,8 +139,9 @@ def get_precision(name: str) -> Precision:
     if not plus:
         return p
     kv = lookup(KV_VARIANTS, suffix, f"KV-cache variant of '{base}'")
-    return replace(p, name=name, summary=f"{p.summary}; {kv.upper()} KV cache", needs_calibration=False,
-                   kv_cache=kv, shares=base)  # fmt: skip
+    return replace(
+        p, name=name, summary=f"{p.summary}; {kv.upper()} KV cache", needs_calibration=False, kv_cache=kv, shares=base
+    )
 
 
 def variants_problem(names: list[str], baseline: str, served_kv: str) -> str | None:
@@ -148,8 +149,10 @@ def variants_problem(names: list[str], baseline: str, served_kv: str) -> str | N
     for i, name in enumerate(names):
         shared = get_precision(name).shares
         if shared and (shared not in names[:i] or name == baseline or served_kv != "auto"):
-            return (f"precisions: {name} serves {shared}'s checkpoint with its own KV cache: list {shared} before "
-                    f"it, not as gate.baseline, with server.kv_cache_dtype auto")  # fmt: skip
+            return (
+                f"precisions: {name} serves {shared}'s checkpoint with its own KV cache: list {shared} before "
+                f"it, not as gate.baseline, with server.kv_cache_dtype auto"
+            )
     return None
 
 

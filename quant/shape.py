@@ -34,8 +34,9 @@ def quantization_config(precision: str, opts: RecipeOptions) -> dict | None:
     return recipes.saved_config(build_recipe(precision, opts) or [], p.checkpoint_format)
 
 
-def write_shape_build(architecture: Path, precision: str, opts: RecipeOptions, out: Path,
-                      tokenizer_from: Path | None = None) -> Path:  # fmt: skip
+def write_shape_build(
+    architecture: Path, precision: str, opts: RecipeOptions, out: Path, tokenizer_from: Path | None = None
+) -> Path:
     """`out` holding `architecture` (a config.json) in `precision`'s format, and the tokenizer files of
     `tokenizer_from` where it has them; returns `out`."""
     config = json.loads(architecture.read_text())

@@ -40,7 +40,7 @@ def device() -> dict:
     import torch
 
     from eval.gpus import gpu_for_device
-    from pipelines.core.device import from_probe, probe
+    from pipelines.core.system.device import from_probe, probe
 
     found = from_probe(probe())  # what qeval's stages ask of torch, in a child process, as they do
     gpu = gpu_for_device(found.name) if found.name else None
@@ -71,17 +71,26 @@ def quantize(work: Path) -> dict:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        cfg = QuantizeConfig(base=str(REF_LM), precision=precision, group_size=GROUP_SIZE, ignore=list(IGNORE),
-                             calibration=None if precision == "fp8" else calibration)  # fmt: skip
+        cfg = QuantizeConfig(
+            base=str(REF_LM),
+            precision=precision,
+            group_size=GROUP_SIZE,
+            ignore=list(IGNORE),
+            calibration=None if precision == "fp8" else calibration,
+        )
         made = quantize_checkpoint(cfg, folder)
         built = time.perf_counter() - t0
-        proof = verify_checkpoint(VerifyConfig(base=str(REF_LM), checkpoint=str(folder / "checkpoint"),
-                                               precision=precision), folder)  # fmt: skip
-        out[precision] = {"build_s": round(built, 2), "proof_s": round(time.perf_counter() - t0 - built, 2),
-                          "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3) if torch.cuda.is_available()
-                          else None,
-                          "checkpoint_bytes": made.checkpoint_bytes, "kl": proof.kl_vs_baseline,
-                          "top1": proof.top1_agreement}  # fmt: skip
+        proof = verify_checkpoint(
+            VerifyConfig(base=str(REF_LM), checkpoint=str(folder / "checkpoint"), precision=precision), folder
+        )
+        out[precision] = {
+            "build_s": round(built, 2),
+            "proof_s": round(time.perf_counter() - t0 - built, 2),
+            "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3) if torch.cuda.is_available() else None,
+            "checkpoint_bytes": made.checkpoint_bytes,
+            "kl": proof.kl_vs_baseline,
+            "top1": proof.top1_agreement,
+        }
     return out
 
 
@@ -97,30 +106,72 @@ def evaluate(work: Path) -> dict:
             continue
         folder = work / f"eval-{precision}"
         folder.mkdir(parents=True, exist_ok=True)
-        cfg = AccuracyConfig(checkpoint=str(checkpoint), tasks=tasks, include_path=str(REPO / "eval/tasks/refkjv"),
-                             limit=20, batch_size=32, seed=1234, backend="hf", max_length=512)  # fmt: skip
+        cfg = AccuracyConfig(
+            checkpoint=str(checkpoint),
+            tasks=tasks,
+            include_path=str(REPO / "eval/tasks/refkjv"),
+            limit=20,
+            batch_size=32,
+            seed=1234,
+            backend="hf",
+            max_length=512,
+        )
         result = evaluate_accuracy(cfg, folder)
-        out[precision] = {"seconds": result.seconds, **{t: {m.id: round(m.value, 5) for m in ms}
-                                                         for t, ms in result.scores.items()}}  # fmt: skip
+        out[precision] = {
+            "seconds": result.seconds,
+            **{t: {m.id: round(m.value, 5) for m in ms} for t, ms in result.scores.items()},
+        }
     return out
 
 
-def _bench(checkpoint: Path, precision: str, no_weights: bool, batches: list[int], input_len: int, output_len: int,
-           folder: Path) -> dict:  # fmt: skip
+def _bench(
+    checkpoint: Path,
+    precision: str,
+    no_weights: bool,
+    batches: list[int],
+    input_len: int,
+    output_len: int,
+    folder: Path,
+) -> dict:
     from eval.engine import EngineConfig, bench_engine
 
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = EngineConfig(checkpoint=str(checkpoint), precision=precision, no_weights=no_weights, batch_sizes=batches,
-                       input_lengths=[input_len], output_lengths=[output_len], warmup=2, repeats=5)  # fmt: skip
+    cfg = EngineConfig(
+        checkpoint=str(checkpoint),
+        precision=precision,
+        no_weights=no_weights,
+        batch_sizes=batches,
+        input_lengths=[input_len],
+        output_lengths=[output_len],
+        warmup=2,
+        repeats=5,
+    )
     t0 = time.perf_counter()
     r = bench_engine(cfg, folder)
-    return {"seconds": round(time.perf_counter() - t0, 1), "engine": r.engine, "compile_error": r.compile_error,
-            "execution": str(r.execution), "weight_gb": round(r.weight_bytes / 1e9, 4),
-            "bandwidth_gb_s": round(r.bandwidth_gb_s), "bandwidth_source": r.bandwidth_source,
-            "points": [{"batch": p.batch, "status": p.status, "ttft_ms": p.ttft_ms_p50, "ttft_ms_p90": p.ttft_ms_p90,
-                        "tpot_ms": p.tpot_ms_p50, "tok_s_user": p.decode_tps_per_user, "tok_s": p.decode_tps_total,
-                        "peak_gb": p.peak_mem_bytes and round(p.peak_mem_bytes / 1e9, 3), "mbu": p.mbu,
-                        "compile_error": p.compile_error} for p in r.points]}  # fmt: skip
+    return {
+        "seconds": round(time.perf_counter() - t0, 1),
+        "engine": r.engine,
+        "compile_error": r.compile_error,
+        "execution": str(r.execution),
+        "weight_gb": round(r.weight_bytes / 1e9, 4),
+        "bandwidth_gb_s": round(r.bandwidth_gb_s),
+        "bandwidth_source": r.bandwidth_source,
+        "points": [
+            {
+                "batch": p.batch,
+                "status": p.status,
+                "ttft_ms": p.ttft_ms_p50,
+                "ttft_ms_p90": p.ttft_ms_p90,
+                "tpot_ms": p.tpot_ms_p50,
+                "tok_s_user": p.decode_tps_per_user,
+                "tok_s": p.decode_tps_total,
+                "peak_gb": p.peak_mem_bytes and round(p.peak_mem_bytes / 1e9, 3),
+                "mbu": p.mbu,
+                "compile_error": p.compile_error,
+            }
+            for p in r.points
+        ],
+    }
 
 
 def bench(work: Path) -> dict:
@@ -159,8 +210,13 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        steps = {"device": device, "quantize": lambda: quantize(work), "evaluate": lambda: evaluate(work),
-                 "bench": lambda: bench(work), "shape": lambda: shape(work)}  # fmt: skip
+        steps = {
+            "device": device,
+            "quantize": lambda: quantize(work),
+            "evaluate": lambda: evaluate(work),
+            "bench": lambda: bench(work),
+            "shape": lambda: shape(work),
+        }
         report = {name: _part(name, steps[name]) for name in PARTS if name in args.parts}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 from eval import loadgen, serving
-from pipelines.core.procs import running
-from pipelines.core.results import VllmSettings
+from pipelines.core.store.results import VllmSettings
+from pipelines.core.system.procs import running
 from pipelines.stages import engines
 
 
@@ -45,8 +45,12 @@ def _histograms(url: str) -> dict[str, tuple[float, float]]:
     text = httpx.get(url + "/metrics", timeout=10).text
     out = {}
     for key, name in SERVER_SIDE.items():
-        got = [float(line.rsplit(" ", 1)[1]) for suffix in ("_sum", "_count") for line in text.splitlines()
-               if line.startswith(name + suffix + "{")]  # fmt: skip
+        got = [
+            float(line.rsplit(" ", 1)[1])
+            for suffix in ("_sum", "_count")
+            for line in text.splitlines()
+            if line.startswith(name + suffix + "{")
+        ]
         out[key] = (got[0], got[1])
     return out
 
@@ -56,9 +60,18 @@ def _server_means(before: dict, after: dict) -> dict[str, float]:
 
 
 def _ours(url: str, model: str, prompts, c: int, n: int, input_len: int, output_len: int) -> dict:
-    cfg = loadgen.LoadConfig(url=url, model=model, api="completions", concurrency=[c], requests_per_user=n // c,
-                             warmup=0, input_len=input_len, output_len=output_len, exact_length="ignore_eos",
-                             timeout_s=120)  # fmt: skip
+    cfg = loadgen.LoadConfig(
+        url=url,
+        model=model,
+        api="completions",
+        concurrency=[c],
+        requests_per_user=n // c,
+        warmup=0,
+        input_len=input_len,
+        output_len=output_len,
+        exact_length="ignore_eos",
+        timeout_s=120,
+    )
     loadgen.sweep(cfg.model_copy(update={"requests_per_user": 1}), prompts[-c:])  # warm-up, outside the window
     before = _histograms(url)
     records = loadgen.sweep(cfg, prompts)
@@ -66,27 +79,73 @@ def _ours(url: str, model: str, prompts, c: int, n: int, input_len: int, output_
     m = serving.level_metrics(records, serving.Slo(1e9, 1e9))
     bad = serving.length_mismatches(records, input_len, output_len)
     ok = [r for r in records if r.ok]
-    return {"ttft_p50": m.ttft_ms_p50, "ttft_p95": m.ttft_ms_p95, "tpot_p50": m.tpot_ms_p50,
-            "tpot_p95": m.tpot_ms_p95, "output_tps": m.output_tps, "length_mismatches": len(bad),
-            "ttft_mean": 1000 * statistics.mean(r.ttft for r in ok),
-            "tpot_mean": 1000 * statistics.mean(r.tpot for r in ok), **_server_means(before, after)}  # fmt: skip
+    return {
+        "ttft_p50": m.ttft_ms_p50,
+        "ttft_p95": m.ttft_ms_p95,
+        "tpot_p50": m.tpot_ms_p50,
+        "tpot_p95": m.tpot_ms_p95,
+        "output_tps": m.output_tps,
+        "length_mismatches": len(bad),
+        "ttft_mean": 1000 * statistics.mean(r.ttft for r in ok),
+        "tpot_mean": 1000 * statistics.mean(r.tpot for r in ok),
+        **_server_means(before, after),
+    }
 
 
-def _theirs(python: str, shim: Path, url: str, model: str, c: int, n: int, input_len: int, output_len: int,
-            out: Path) -> dict:  # fmt: skip
-    cmd = [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm", "--base-url", url,
-           "--model", model, "--dataset-name", "random", "--random-input-len", str(input_len),
-           "--random-output-len", str(output_len), "--num-prompts", str(n), "--max-concurrency", str(c),
-           "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95",
-           "--save-result", "--result-dir", str(out), "--result-filename", "bench.json", "--seed", "0"]  # fmt: skip
+def _theirs(
+    python: str, shim: Path, url: str, model: str, c: int, n: int, input_len: int, output_len: int, out: Path
+) -> dict:
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--model",
+        model,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--num-prompts",
+        str(n),
+        "--max-concurrency",
+        str(c),
+        "--ignore-eos",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,95",
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        "bench.json",
+        "--seed",
+        "0",
+    ]
     env = {**os.environ, "PYTHONPATH": str(shim), "HF_HUB_OFFLINE": "1"}
     before = _histograms(url)  # its one test request falls inside the window: 1 of n + 1
     subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=600)
     after = _histograms(url)
     r = json.loads((out / "bench.json").read_text())
-    return {"ttft_p50": r["median_ttft_ms"], "ttft_p95": r["p95_ttft_ms"], "tpot_p50": r["median_tpot_ms"],
-            "tpot_p95": r["p95_tpot_ms"], "output_tps": r["output_throughput"], "length_mismatches": None,
-            "ttft_mean": r["mean_ttft_ms"], "tpot_mean": r["mean_tpot_ms"], **_server_means(before, after)}  # fmt: skip
+    return {
+        "ttft_p50": r["median_ttft_ms"],
+        "ttft_p95": r["p95_ttft_ms"],
+        "tpot_p50": r["median_tpot_ms"],
+        "tpot_p95": r["p95_tpot_ms"],
+        "output_tps": r["output_throughput"],
+        "length_mismatches": None,
+        "ttft_mean": r["mean_ttft_ms"],
+        "tpot_mean": r["mean_tpot_ms"],
+        **_server_means(before, after),
+    }
 
 
 def main() -> None:
@@ -103,8 +162,15 @@ def main() -> None:
     model = str(Path(args.model).resolve())
     vllm = engines.find_vllm()
     assert vllm is not None, "no vLLM: make engine"
-    settings = VllmSettings(device="cpu", max_model_len=512, tensor_parallel=1, pipeline_parallel=1,
-                            kv_cache_dtype="auto", enforce_eager=True, cpu_kv_cache_gb=1.0)  # fmt: skip
+    settings = VllmSettings(
+        device="cpu",
+        max_model_len=512,
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        kv_cache_dtype="auto",
+        enforce_eager=True,
+        cpu_kv_cache_gb=1.0,
+    )
     cmd, env = engines.vllm_command(vllm.python, model, settings, trust_remote_code=False)
     tokenizer = AutoTokenizer.from_pretrained(model)
     runs: dict[str, list[dict]] = {"qeval": [], "vllm bench serve": []}
@@ -112,23 +178,37 @@ def main() -> None:
         work, shim = Path(tmp), _shim(Path(tmp) / "shim", vllm.version)
         with running(cmd, work / "server.log", 300, "vLLM", {**env, "HF_HUB_OFFLINE": "1"}) as url:
             for i in range(args.rounds):
-                prompts = loadgen.synthetic_prompts(tokenizer, args.requests + 1 + args.concurrency, args.input_len,
-                                                    seed=i)  # fmt: skip
-                runs["qeval"].append(_ours(url, model, prompts, args.concurrency, args.requests, args.input_len,
-                                           args.output_len))  # fmt: skip
-                theirs = _theirs(vllm.python, shim, url, model, args.concurrency, args.requests, args.input_len,
-                                 args.output_len, work)  # fmt: skip
+                prompts = loadgen.synthetic_prompts(
+                    tokenizer, args.requests + 1 + args.concurrency, args.input_len, seed=i
+                )
+                runs["qeval"].append(
+                    _ours(url, model, prompts, args.concurrency, args.requests, args.input_len, args.output_len)
+                )
+                theirs = _theirs(
+                    vllm.python,
+                    shim,
+                    url,
+                    model,
+                    args.concurrency,
+                    args.requests,
+                    args.input_len,
+                    args.output_len,
+                    work,
+                )
                 runs["vllm bench serve"].append(theirs)
-    print(f"{args.model}, {args.input_len} in / {args.output_len} out, {args.concurrency} users, "
-          f"{args.requests} requests per run, {args.rounds} runs each, alternating, one server")  # fmt: skip
+    print(
+        f"{args.model}, {args.input_len} in / {args.output_len} out, {args.concurrency} users, "
+        f"{args.requests} requests per run, {args.rounds} runs each, alternating, one server"
+    )
     for who, rs in runs.items():
         for r in rs:
-            print(f"  {who:17} TTFT p50 {r['ttft_p50']:7.2f} p95 {r['ttft_p95']:7.2f} ms  "
-                  f"TPOT p50 {r['tpot_p50']:6.3f} p95 {r['tpot_p95']:6.3f} ms  {r['output_tps']:7.1f} tok/s; "
-                  f"means TTFT {r['ttft_mean']:6.2f} (server {r['server_ttft_mean']:6.2f}) "
-                  f"TPOT {r['tpot_mean']:6.3f} (server {r['server_tpot_mean']:6.3f}) ms")  # fmt: skip
-    for key in ("ttft_p50", "tpot_p50", "output_tps", "ttft_mean", "tpot_mean", "server_ttft_mean",
-                "server_tpot_mean"):  # fmt: skip
+            print(
+                f"  {who:17} TTFT p50 {r['ttft_p50']:7.2f} p95 {r['ttft_p95']:7.2f} ms  "
+                f"TPOT p50 {r['tpot_p50']:6.3f} p95 {r['tpot_p95']:6.3f} ms  {r['output_tps']:7.1f} tok/s; "
+                f"means TTFT {r['ttft_mean']:6.2f} (server {r['server_ttft_mean']:6.2f}) "
+                f"TPOT {r['tpot_mean']:6.3f} (server {r['server_tpot_mean']:6.3f}) ms"
+            )
+    for key in ("ttft_p50", "tpot_p50", "output_tps", "ttft_mean", "tpot_mean", "server_ttft_mean", "server_tpot_mean"):
         ours = statistics.median(r[key] for r in runs["qeval"])
         theirs = statistics.median(r[key] for r in runs["vllm bench serve"])
         print(f"  {key}: qeval / vllm bench serve = {ours / theirs:.3f}")

@@ -1,4 +1,4 @@
-"""Shared fixtures, and the tiers (README, "Development").
+"""Shared fixtures, and the tiers (docs/architecture.md, "Processes, caching and tests").
 
 Tiers: a test with no mark is a unit test: no process, no MLflow store, no model (`make test-fast` runs these,
 in under 30 s; the fixture below refuses a process or a store to them). `integration` marks tests that start a
@@ -25,8 +25,8 @@ import pytest
 from helpers import REPO, last_json_line, qeval, root_env
 from memory_tracker import MemoryTracker
 
-from pipelines.core import progress
-from pipelines.core.cards import load_card
+from pipelines.core.card.cards import load_card
+from pipelines.core.system import progress
 
 TIERS = ("integration", "slow")
 
@@ -35,7 +35,7 @@ TIERS = ("integration", "slow")
 def _code_version_once() -> None:
     """The git commit the stages record is asked of git once per process (code_version() keeps it), here,
     before any unit test runs: a unit test starts no process of its own."""
-    from pipelines.core.code import code_version
+    from pipelines.core.framework.code import code_version
 
     code_version()
 

@@ -10,20 +10,40 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.core.procs import free_port
+from pipelines.core.system.procs import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 # A two-layer Qwen2 config (tests/test_shape.py serves it with random weights; tests/test_init.py writes cards)
 TINY = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
-    "vocab_size": 4096, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-    "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "vocab_size": 4096,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 __all__ = [
-    "REPO", "card_env", "env_with", "free_port", "last_json_line", "processes_naming", "qeval", "qeval_timed",
-    "root_env", "same_logits",
-]  # fmt: skip
+    "REPO",
+    "card_env",
+    "env_with",
+    "free_port",
+    "last_json_line",
+    "processes_naming",
+    "qeval",
+    "qeval_timed",
+    "root_env",
+    "same_logits",
+]
 
 
 def env_with(**extra: str) -> dict[str, str]:
@@ -64,8 +84,14 @@ def root_env(root: Path) -> dict[str, str]:
 
 def qeval(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`qeval ARGS` in a process of its own, from the repository, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "pipelines", *args], cwd=REPO, env=env or env_with(),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines", *args],
+        cwd=REPO,
+        env=env or env_with(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def qeval_timed(*args: str, env: dict[str, str], timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:

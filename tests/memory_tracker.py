@@ -1,4 +1,4 @@
-"""A tracker (pipelines/core/tracker.py) that keeps in memory what MLflowTracker writes to a store.
+"""A tracker (pipelines/core/framework/tracker.py) that keeps in memory what MLflowTracker writes to a store.
 
 For tests that exercise a stage, the gate or the report but not MLflow. It maps typed results to the same
 names (pipelines/tracking/mapping.py), refuses a changed param the same way, supersedes runs, starts a new
@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.core.errors import QevalError
-from pipelines.core.integrity import hashes_digest
-from pipelines.core.manifests import Manifest
-from pipelines.core.tracker import ParamsChanged
-from pipelines.core.verdicts import Decision
+from pipelines.core.framework.tracker import ParamsChanged
+from pipelines.core.store.manifests import Manifest
+from pipelines.core.store.verdicts import Decision
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.integrity import hashes_digest
 from pipelines.tracking.mapping import (
     baseline_metrics,
     build_run_tags,
@@ -192,8 +192,12 @@ class MemoryTracker:
             self.runs[run_id].artifacts[SHIP_CARD] = card.encode()
         self.runs[run_id].tags[TAG_CHOSEN] = "true"
         self.ship = version
-        return {"name": registered_model_name(self.model), "version": version["version"], "alias": SHIP_ALIAS,
-                "source": source}  # fmt: skip
+        return {
+            "name": registered_model_name(self.model),
+            "version": version["version"],
+            "alias": SHIP_ALIAS,
+            "source": source,
+        }
 
     def clear_ship(self) -> None:
         self.ship = None
@@ -213,9 +217,16 @@ class MemoryTracker:
         run_id, path = self.ship["source"].removeprefix("memory:/").split("/", 1)
         self.download(run_id, path, dst)
         precision = self.runs[run_id].tags.get(TAG_PRECISION, "")
-        return {"name": name, "version": self.ship["version"], "alias": alias, "run_id": run_id,
-                "precision": precision, "source": self.ship["source"],
-                "description": self.ship.get("description", ""), "files": self.ship.get("files", "")}  # fmt: skip
+        return {
+            "name": name,
+            "version": self.ship["version"],
+            "alias": alias,
+            "run_id": run_id,
+            "precision": precision,
+            "source": self.ship["source"],
+            "description": self.ship.get("description", ""),
+            "files": self.ship.get("files", ""),
+        }
 
     def log_decision(self, decision: Decision, file: Path) -> str:
         params = decision_params(decision)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from helpers import REPO
 
-from pipelines.core.code import imported_modules, module_files, source_file
-from pipelines.core.registry import STAGES
+from pipelines.core.framework.code import imported_modules, module_files, source_file
+from pipelines.core.framework.registry import STAGES
 
 # Top first; a module may import its own layer's modules and those of the layers below it.
 LAYERS = [
@@ -20,7 +20,10 @@ LAYERS = [
     ("pipelines.stages", "pipelines.decision"),
     ("pipelines.tracking",),
     ("pipelines.present",),
-    ("pipelines.core",),
+    ("pipelines.core.framework",),  # core/ in rooms (pipelines/core/__init__.py), each above the next
+    ("pipelines.core.store",),
+    ("pipelines.core.card",),
+    ("pipelines.core.system", "pipelines.core"),
     ("eval",),
     ("quant", "refmodel"),
 ]
@@ -60,7 +63,7 @@ def _layer(module: str) -> tuple[int, str]:
 
 @cache
 def _graph() -> dict[str, set[str]]:
-    """Module -> the first-party modules it imports (pipelines/core/code.py reads them, as for cache keys)."""
+    """Module -> the first-party modules it imports (pipelines/core/framework/code.py reads them, as for cache keys)."""
     files = [*LIBRARY, *sorted((REPO / "refmodel").glob("*.py"))]
     return {_module(p): imported_modules(p) - {_module(p)} for p in files}
 
@@ -108,11 +111,14 @@ def test_no_import_cycle():
 
 
 def test_the_layer_check_sees_an_upward_import():
-    made_up = {"pipelines.core.cards": {"pipelines.stages.serve", "eval.stats"}, "eval.stats": {"quant.recipes"},
-               "quant.recipes": {"eval.stats"}}  # fmt: skip
+    made_up = {
+        "pipelines.core.card.cards": {"pipelines.stages.serve", "eval.stats"},
+        "eval.stats": {"quant.recipes"},
+        "quant.recipes": {"eval.stats"},
+    }
     assert _upward(made_up) == [
-        "pipelines.core.cards (layer 4) imports pipelines.stages.serve (layer 1)",
-        "quant.recipes (layer 6) imports eval.stats (layer 5)",
+        "pipelines.core.card.cards (layer 6) imports pipelines.stages.serve (layer 1)",
+        "quant.recipes (layer 9) imports eval.stats (layer 8)",
     ]
 
 
@@ -128,8 +134,14 @@ def test_the_cache_key_of_each_stage_covers_the_code_it_runs():
     """The lists that drifted when they were kept by hand (issue: serve without eval/speed.py and the child
     runner, bench without quant/verify.py) follow from the imports now."""
     files = {name: {str(p.relative_to(REPO)) for p in module_files(s.module)} for name, s in STAGES.items()}
-    assert {"eval/speed.py", "eval/serving.py", "eval/stream_stub.py", "pipelines/core/child.py",
-            "pipelines/stages/engines.py", "eval/paired.py"} <= files["serve"]  # fmt: skip
+    assert {
+        "eval/speed.py",
+        "eval/serving.py",
+        "eval/stream_stub.py",
+        "pipelines/core/system/child.py",
+        "pipelines/stages/engines.py",
+        "eval/paired.py",
+    } <= files["serve"]
     assert {"quant/verify.py", "eval/engine.py", "eval/gpus.py", "eval/sizing.py"} <= files["bench"]
     assert {"quant/build.py", "quant/verify.py", "quant/cpu_awq.py", "quant/recipes.py"} <= files["quantize"]
     assert "pipelines/stages/engines.py" not in files["quantize"]  # a stage's key is its own code's
@@ -137,8 +149,12 @@ def test_the_cache_key_of_each_stage_covers_the_code_it_runs():
 
 
 def test_mlflow_names_are_written_only_in_tracking():
-    writers = {"pipelines/tracking/names.py", "pipelines/tracking/tables.py", "pipelines/tracking/mapping.py",
-               "pipelines/tracking/mlflow_tracker.py"}  # the tracker: the store's own keys (URIs, env)  # fmt: skip
+    writers = {
+        "pipelines/tracking/names.py",
+        "pipelines/tracking/tables.py",
+        "pipelines/tracking/mapping.py",
+        "pipelines/tracking/mlflow_tracker.py",
+    }  # the tracker: the store's own keys (URIs, env)
     found = [
         f"{p.relative_to(REPO)}:{line}: {text!r}"
         for p in LIBRARY
@@ -198,3 +214,10 @@ def test_every_stage_of_the_registry_has_its_command_and_make_target():
         assert spec.command.split()[0] in commands, spec.name
         assert re.search(rf"^{re.escape(spec.make_target)}:", makefile, re.M), spec.name
         assert spec.name == spec.result.STAGE and callable(spec.load())
+
+
+def test_the_code_finds_the_repository_it_lives_in():
+    """paths.py finds the repository by its own place in it: moving the file must move that count too."""
+    from pipelines.core.system.paths import REPO_ROOT
+
+    assert REPO_ROOT == REPO and (REPO_ROOT / "pipelines/models/ref-lm.yaml").is_file()

@@ -8,7 +8,7 @@ import pytest
 from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
-from pipelines.core.errors import QevalError
+from pipelines.core.system.errors import QevalError
 from pipelines.stages.bench import bench
 from pipelines.tracking.mlflow_tracker import MlflowTracker
 from pipelines.tracking.store import tracking_uri
@@ -41,7 +41,7 @@ def test_figures_are_consistent(benched):
 
 
 def test_mlflow_gets_speed_against_batch(own_root):
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
 
     card = load_card("ref-small")
     tracker = MlflowTracker(card.name)
@@ -105,7 +105,7 @@ def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
 def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_card, builds, tmp_path):
     """The GPU path (static cache, decode compiled by torch.compile) on CPU, where it is opt-in."""
     from eval.engine import EngineConfig, bench_engine
-    from pipelines.core.weights import checkpoint_for
+    from pipelines.core.framework.weights import checkpoint_for
 
     results = {}
     for precision in ("bf16", "gptq"):
@@ -130,7 +130,7 @@ def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_car
 
 
 def test_no_weights_from_the_card_is_labelled_as_such(small_root, workdir, monkeypatch):
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
 
     monkeypatch.setenv("QEVAL_CARDS_DIR", str(small_root / "cards"))  # the small card, an empty work folder
     card = load_card("ref-small")
@@ -146,8 +146,8 @@ def test_shipped_architecture_of_a_real_card_matches_published_kv_size():
     from transformers import AutoConfig
 
     from eval.sizing import Shape
-    from pipelines.core.cards import load_card
-    from pipelines.core.paths import resolve_repo_path
+    from pipelines.core.card.cards import load_card
+    from pipelines.core.system.paths import resolve_repo_path
 
     card = load_card("llama-3.1-8b-instruct")
     c = AutoConfig.from_pretrained(resolve_repo_path(card.source.config))

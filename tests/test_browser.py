@@ -2,7 +2,7 @@
 
 Debian's chromium (installed by `make test`, scripts/install-chromium.sh) driven by Playwright. The test
 starts where a user starts, at the address `qeval ui` prints; its screenshots are kept in test-artifacts/
-(docs/ has copies, shown in the README).
+(docs/img/ has copies, shown in docs/mlflow.md).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 import pytest
 from helpers import REPO, root_env
 
-from pipelines.core.cards import load_card
-from pipelines.core.layout import gate_file
-from pipelines.core.procs import running
-from pipelines.core.verdicts import BuildVerdict
+from pipelines.core.card.cards import load_card
+from pipelines.core.store.layout import gate_file
+from pipelines.core.store.verdicts import BuildVerdict
+from pipelines.core.system.procs import running
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ from eval.gpus import Gpu
 from eval.serving import LevelMetrics
 from eval.sizing import Assumptions, Shape
 from eval.stats import Verdict
-from pipelines.core.cards import Gate, ModelCard
-from pipelines.core.traffic import Traffic
-from pipelines.core.verdicts import BuildVerdict, CostFigure, Measured
+from pipelines.core.card.cards import Gate, ModelCard
+from pipelines.core.card.traffic import Traffic
+from pipelines.core.store.verdicts import BuildVerdict, CostFigure, Measured
 from pipelines.decision.policy import choose, cost_rule
 from quant.execution import Execution
 
@@ -24,8 +24,9 @@ GIB = 2**30
 
 
 def level(meets: bool, output_tps: float, request_tps: float, e2e_ms: float) -> LevelMetrics:
-    return LevelMetrics(requests=8, failed=0, meets_slo=meets, output_tps=output_tps, request_tps=request_tps,
-                        e2e_ms_p50=e2e_ms)  # fmt: skip
+    return LevelMetrics(
+        requests=8, failed=0, meets_slo=meets, output_tps=output_tps, request_tps=request_tps, e2e_ms_p50=e2e_ms
+    )
 
 
 def test_the_cost_of_a_traffic_by_hand():
@@ -71,8 +72,9 @@ def test_a_projection_by_hand():
     # 1e12 bytes/s a step at c users takes (1e9 - 2e6 + c x 4,000 x 1,050) / 5e11 s, within 4 ms while
     # c <= (2e9 - 998e6) / 4.2e6 = 238.57: 238 users.
     shape = Shape(layers=1, hidden=1000, intermediate=1000, heads=10, kv_heads=10, head_dim=100, vocab=1000, tied=False)
-    gpu = Gpu("test", "TEST", memory_gib=80, bandwidth=1e12, bf16_flops=1e15, fp8_flops=None, int8_ops=2e15,
-              capability=(8, 0))  # fmt: skip
+    gpu = Gpu(
+        "test", "TEST", memory_gib=80, bandwidth=1e12, bf16_flops=1e15, fp8_flops=None, int8_ops=2e15, capability=(8, 0)
+    )
     a = Assumptions(mbu=0.5, mfu=0.5)
     per, how = project(shape, "bf16", gpu, weights=1e9, input_len=1000, output_len=100, ttft_ms=1000, tpot_ms=4.0, a=a)
     step = (1e9 - 2e6 + 238 * 4000 * 1050) / 5e11
@@ -85,16 +87,20 @@ def test_a_projection_by_hand():
     slow, _ = project(shape, "bf16", gpu, weights=1e9, input_len=1000, output_len=100, ttft_ms=0.01, tpot_ms=4.0, a=a)
     assert slow.users == 0
     # weights that no 8 of these hold
-    assert project(shape, "bf16", gpu, weights=8 * 80 * GIB, input_len=1000, output_len=100, ttft_ms=1000,
-                   tpot_ms=4.0, a=a) is None  # fmt: skip
+    assert (
+        project(
+            shape, "bf16", gpu, weights=8 * 80 * GIB, input_len=1000, output_len=100, ttft_ms=1000, tpot_ms=4.0, a=a
+        )
+        is None
+    )
     # weights that need two: the instance is two GPUs, with twice the bandwidth
-    two, _ = project(shape, "bf16", gpu, weights=100e9, input_len=1000, output_len=100, ttft_ms=1000, tpot_ms=102,
-                     a=a)  # fmt: skip
+    two, _ = project(shape, "bf16", gpu, weights=100e9, input_len=1000, output_len=100, ttft_ms=1000, tpot_ms=102, a=a)
     assert two.devices == 2
     assert two.users == math.floor((102e-3 * 1e12 - (100e9 - 2e6)) / 4.2e6) == 476
     # and never more users than vLLM batches by default on an 80 GiB GPU (1,024), however loose the objective
-    loose, _ = project(shape, "bf16", gpu, weights=100e9, input_len=1000, output_len=100, ttft_ms=1000,
-                       tpot_ms=1000, a=a)  # fmt: skip
+    loose, _ = project(
+        shape, "bf16", gpu, weights=100e9, input_len=1000, output_len=100, ttft_ms=1000, tpot_ms=1000, a=a
+    )
     assert loose.users == 1024
 
 
@@ -112,15 +118,21 @@ def test_the_traffic_section_is_validated():
 
 @pytest.mark.parametrize(
     "traffic",
-    [{"rate_rps": math.inf}, {"rate_rps": 1e-300}, {"rate_rps": math.nan}, {"users": 10**30},
-     {"users": 4, "prices": {"l4": math.inf}}, {"users": 4, "prices": {"l4": 1e308}},
-     {"users": 4, "prices": {"cpu": 1e-320}}],
-)  # fmt: skip
+    [
+        {"rate_rps": math.inf},
+        {"rate_rps": 1e-300},
+        {"rate_rps": math.nan},
+        {"users": 10**30},
+        {"users": 4, "prices": {"l4": math.inf}},
+        {"users": 4, "prices": {"l4": 1e308}},
+        {"users": 4, "prices": {"cpu": 1e-320}},
+    ],
+)
 def test_traffic_figures_are_finite_and_within_bounds_when_the_card_is_read(cards, traffic):
     """`rate_rps: .inf` was an OverflowError, 1e-300 failed the report, a price of 1e308 $/h was registered
     in a ship card as "$6.21e+303 per 1M", 10^30 users a 27-digit device count (issue 41)."""
-    from pipelines.core.cards import load_card
-    from pipelines.core.errors import QevalError
+    from pipelines.core.card.cards import load_card
+    from pipelines.core.system.errors import QevalError
 
     data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())
     cards("busy", yaml.safe_dump({**data, "name": "busy", "traffic": traffic}))  # .inf, .nan as YAML writes them
@@ -145,8 +157,11 @@ def _costed(name: str, weights: float, usd: float | None, why: str | None = None
 
 def test_prefer_cost_ships_another_build_than_prefer_memory():
     # AWQ has the smallest weights; INT8 serves the traffic for less (its kernels are faster on this device)
-    builds = [_costed("int8", 8.0, 0.010), _costed("awq", 5.0, 0.020), _costed("fp8", 8.0, None, "holds no "
-              "user within the objective")]  # fmt: skip
+    builds = [
+        _costed("int8", 8.0, 0.010),
+        _costed("awq", 5.0, 0.020),
+        _costed("fp8", 8.0, None, "holds no user within the objective"),
+    ]
     assert choose(builds, "memory", 0.03)[0] == "awq"
     chosen, why = choose(builds, "cost", 0.03)
     assert chosen == "int8" and "$0.01 per 1M output tokens on l4" in why and "projected" in why

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from pipelines.core.cards import card_names, load_card, parse_card
-from pipelines.core.errors import QevalError
-from pipelines.core.paths import REPO_ROOT
+from pipelines.core.card.cards import card_names, load_card, parse_card
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.paths import REPO_ROOT
 from quant.precisions import PRECISIONS
 
 REF_CARD = (REPO_ROOT / "pipelines/models/ref-lm.yaml").read_text()
@@ -71,8 +71,9 @@ def test_a_kv_cache_variant_follows_the_build_whose_checkpoint_it_serves(cards):
     base = REF_CARD.replace("name: ref-lm", "name: bad")
     early = base.replace("[bf16, fp8, int8, awq, gptq, int8+kv-fp8]", "[bf16, fp8, int8+kv-fp8, int8, awq, gptq]")
     assert "precisions: int8+kv-fp8 serves int8's checkpoint" in _error(cards, early)
-    assert "not as gate.baseline" in _error(cards, base.replace("[bf16,", "[bf16, bf16+kv-fp8,")
-                                            .replace("baseline: bf16", "baseline: bf16+kv-fp8"))  # fmt: skip
+    assert "not as gate.baseline" in _error(
+        cards, base.replace("[bf16,", "[bf16, bf16+kv-fp8,").replace("baseline: bf16", "baseline: bf16+kv-fp8")
+    )
     card_wide = base.replace("server:\n", "server:\n  kv_cache_dtype: fp8\n", 1)
     assert "with server.kv_cache_dtype auto" in _error(cards, card_wide)
     assert "unknown KV-cache variant of 'int8' 'kv-fp4'" in _error(cards, base.replace("int8+kv-fp8", "int8+kv-fp4"))

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from eval import gpus, sizing
-from pipelines.core.cards import load_card
-from pipelines.core.results import Sized, VllmSettings
-from pipelines.core.weights import resolve_weights
+from pipelines.core.card.cards import load_card
+from pipelines.core.framework.weights import resolve_weights
+from pipelines.core.store.results import Sized, VllmSettings
 from pipelines.stages import engines
 from pipelines.stages.serve import default_tensor_parallel, vllm_settings
 from quant.execution import CPU, Device
@@ -28,9 +28,14 @@ LOGS = {
     "bf16": "(Worker pid=21579) INFO 11-30 19:59:59 [cpu_model_runner.py:68] Starting to load model /x/ref-lm...",
 }
 LLAMA_70B = {
-    "hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 28672, "num_attention_heads": 64,
-    "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
-}  # fmt: skip
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "intermediate_size": 28672,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
 
 
 def test_the_kernel_is_read_from_what_vllm_says_and_labels_the_figures():
@@ -49,8 +54,15 @@ def test_the_kernel_is_read_from_what_vllm_says_and_labels_the_figures():
 
 
 def test_the_cpu_command_line():
-    s = VllmSettings(device="cpu", max_model_len=512, tensor_parallel=1, pipeline_parallel=1, kv_cache_dtype="auto",
-                     enforce_eager=True, cpu_kv_cache_gb=1)  # fmt: skip
+    s = VllmSettings(
+        device="cpu",
+        max_model_len=512,
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        kv_cache_dtype="auto",
+        enforce_eager=True,
+        cpu_kv_cache_gb=1,
+    )
     cmd, env = engines.vllm_command("/venv/bin/python", "/ckpt", s, trust_remote_code=False, port="8000")
     assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     line = " ".join(cmd)
@@ -62,9 +74,14 @@ def test_the_cpu_command_line():
 
 def test_the_cuda_command_line_carries_the_parallel_degrees_and_the_kv_dtype():
     s = VllmSettings(
-        device="cuda", max_model_len=8192, tensor_parallel=4, pipeline_parallel=2, kv_cache_dtype="fp8",
-        enforce_eager=False, cpu_kv_cache_gb=1,
-    )  # fmt: skip
+        device="cuda",
+        max_model_len=8192,
+        tensor_parallel=4,
+        pipeline_parallel=2,
+        kv_cache_dtype="fp8",
+        enforce_eager=False,
+        cpu_kv_cache_gb=1,
+    )
     cmd, env = engines.vllm_command("python", "/ckpt", s, trust_remote_code=True)
     line = " ".join(cmd)
     assert "--tensor-parallel-size 4" in line and "--pipeline-parallel-size 2" in line
@@ -104,9 +121,17 @@ def test_vllm_computes_in_the_dtype_the_offline_evaluation_does(monkeypatch):
 
 def _sized(fits: list[sizing.Fit]) -> Sized:
     return Sized(
-        batch=1, input_len=128, output_len=64, group_size=128, weights_bytes=1.0, weights_from="from config",
-        weights_bytes_from_config=1.0, kv_bytes_per_token=1, assumptions=sizing.Assumptions(), fits=fits,
-    )  # fmt: skip
+        batch=1,
+        input_len=128,
+        output_len=64,
+        group_size=128,
+        weights_bytes=1.0,
+        weights_from="from config",
+        weights_bytes_from_config=1.0,
+        kv_bytes_per_token=1,
+        assumptions=sizing.Assumptions(),
+        fits=fits,
+    )
 
 
 @pytest.mark.parametrize(("precision", "gpu", "expected"), [("bf16", "h100-sxm", 4), ("awq", "h100-sxm", 1)])
@@ -172,8 +197,16 @@ def test_fp8_is_served_with_torchs_onednn_off_on_a_cpu_with_amx_int8(monkeypatch
     assert not engines.torch_onednn_off("fp8", CPU, avx512, "x86_64")  # torch's own path already
     assert not any(engines.torch_onednn_off(p, CPU, amx, "x86_64") for p in ("bf16", "int8", "awq", "int8+kv-fp8"))
     assert not engines.torch_onednn_off("fp8", Device("cuda", (9, 0)), amx, "x86_64")
-    s = VllmSettings(device="cpu", max_model_len=512, tensor_parallel=1, pipeline_parallel=1, kv_cache_dtype="auto",
-                     enforce_eager=True, cpu_kv_cache_gb=1, torch_onednn=False)  # fmt: skip
+    s = VllmSettings(
+        device="cpu",
+        max_model_len=512,
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        kv_cache_dtype="auto",
+        enforce_eager=True,
+        cpu_kv_cache_gb=1,
+        torch_onednn=False,
+    )
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     _, env = engines.vllm_command("python", "/ckpt", s, False)
     first, rest = env["PYTHONPATH"].split(os.pathsep, 1)

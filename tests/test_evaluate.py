@@ -13,16 +13,21 @@ from mlflow.tracking import MlflowClient
 
 from eval import accuracy, records
 from eval.compare import recovery
-from pipelines.core.cards import load_card
-from pipelines.core.errors import QevalError
+from pipelines.core.card.cards import load_card
+from pipelines.core.system.errors import QevalError
 from pipelines.stages.evaluate import evaluate
 from pipelines.tracking.mlflow_tracker import MlflowTracker
 from pipelines.tracking.store import tracking_uri
 
 pytestmark = pytest.mark.slow
 TASKS = (
-    "refkjv_ppl", "refkjv_next_verse", "refkjv_last_word", "refkjv_continue", "refkjv_needle", "refkjv_needle_control",
-)  # fmt: skip
+    "refkjv_ppl",
+    "refkjv_next_verse",
+    "refkjv_last_word",
+    "refkjv_continue",
+    "refkjv_needle",
+    "refkjv_needle_control",
+)
 
 
 @pytest.fixture
@@ -109,9 +114,15 @@ def test_a_generative_task_runs_greedily_offline_with_per_document_scores(tmp_pa
     """refkjv_continue through lm-eval's generate_until on ref-lm: every document generated, scored per
     document (exact_match, chrf in 0-1) and recorded with its text, as the paired statistics read them."""
     cfg = accuracy.AccuracyConfig(
-        checkpoint=str(REPO / "refmodel/ref-lm"), tasks=["refkjv_continue"],
-        include_path=str(REPO / "eval/tasks/refkjv"), num_fewshot=0, limit=8, batch_size=8, seed=0, dtype="float32",
-    )  # fmt: skip
+        checkpoint=str(REPO / "refmodel/ref-lm"),
+        tasks=["refkjv_continue"],
+        include_path=str(REPO / "eval/tasks/refkjv"),
+        num_fewshot=0,
+        limit=8,
+        batch_size=8,
+        seed=0,
+        dtype="float32",
+    )
     result = accuracy.evaluate_accuracy(cfg, tmp_path)
     assert result.n_samples == {"refkjv_continue": 8}
     assert {m.name for m in result.scores["refkjv_continue"]} == {"exact_match", "chrf"}
@@ -136,9 +147,15 @@ def test_an_emulated_fp8_kv_cache_moves_long_context_scores_a_little(tmp_path):
     long contexts ref-lm's per-document log-likelihoods all move, by little (a lost causal mask or a broken
     attention would move them by nats)."""
     cfg = accuracy.AccuracyConfig(
-        checkpoint=str(REPO / "refmodel/ref-lm"), tasks=["refkjv_needle"], include_path=str(REPO / "eval/tasks/refkjv"),
-        num_fewshot=0, limit=4, batch_size=4, seed=0, dtype="float32",
-    )  # fmt: skip
+        checkpoint=str(REPO / "refmodel/ref-lm"),
+        tasks=["refkjv_needle"],
+        include_path=str(REPO / "eval/tasks/refkjv"),
+        num_fewshot=0,
+        limit=4,
+        batch_size=4,
+        seed=0,
+        dtype="float32",
+    )
     got = {}
     for kv in ("auto", "fp8"):
         (tmp_path / kv).mkdir()
@@ -149,8 +166,9 @@ def test_an_emulated_fp8_kv_cache_moves_long_context_scores_a_little(tmp_path):
     moved = [abs(got["fp8"][d] - ll) / abs(ll) for d, ll in got["auto"].items()]  # relative to the log-likelihood
     assert all(m > 0 for m in moved) and max(moved) < 0.05
     with pytest.raises(ValueError, match="the server's to keep"):
-        accuracy.evaluate_accuracy(cfg.model_copy(update={"kv_cache_dtype": "fp8", "backend": "local-completions"}),
-                                   tmp_path)  # fmt: skip
+        accuracy.evaluate_accuracy(
+            cfg.model_copy(update={"kv_cache_dtype": "fp8", "backend": "local-completions"}), tmp_path
+        )
 
 
 @pytest.mark.parametrize("kind", ["int", "float"])

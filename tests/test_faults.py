@@ -57,12 +57,24 @@ def test_the_ui_on_a_taken_port_is_an_error(tmp_path):
 
 @pytest.mark.slow
 def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_path):
-    from pipelines.core.procs import running
+    from pipelines.core.system.procs import running
 
     store = tmp_path / "server"
     store.mkdir()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{store}/mlflow.db",
-           "--default-artifact-root", str(store / "artifacts"), "--host", "127.0.0.1", "--port", "{port}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{store}/mlflow.db",
+        "--default-artifact-root",
+        str(store / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+    ]
     with running(cmd, tmp_path / "mlflow.log", 120, "mlflow server") as url:
         uri = url.replace("http://", f"http://alice:{PASSWORD}@")
         # qeval turns MLflow's "View run ... at:" lines off; a user who turns them on gets them without credentials
@@ -74,14 +86,18 @@ def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_pa
 
 
 def _transformers_server(checkpoint: str, log: Path) -> tuple[subprocess.Popen, str]:
-    from pipelines.core.procs import free_port as port_free
-    from pipelines.core.procs import wait_healthy
+    from pipelines.core.system.procs import free_port as port_free
+    from pipelines.core.system.procs import wait_healthy
     from pipelines.stages.engines import transformers_command
 
     port = port_free()
     with log.open("wb") as out:
-        proc = subprocess.Popen(transformers_command(checkpoint, False, str(port)), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            transformers_command(checkpoint, False, str(port)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc, 300, log, "transformers serve")
     return proc, url
@@ -91,12 +107,12 @@ def _transformers_server(checkpoint: str, log: Path) -> tuple[subprocess.Popen, 
 def test_a_server_that_dies_mid_sweep_fails_the_stage_and_is_not_cached(own_root, tmp_path):
     from memory_tracker import MemoryTracker
 
-    from pipelines.core.cards import load_card
-    from pipelines.core.errors import QevalError
-    from pipelines.core.manifests import finished
-    from pipelines.core.procs import stop_process_group
-    from pipelines.core.results import Served
-    from pipelines.core.weights import checkpoint_for
+    from pipelines.core.card.cards import load_card
+    from pipelines.core.framework.weights import checkpoint_for
+    from pipelines.core.store.manifests import finished
+    from pipelines.core.store.results import Served
+    from pipelines.core.system.errors import QevalError
+    from pipelines.core.system.procs import stop_process_group
     from pipelines.stages.serve import serve
 
     card = load_card("ref-small")
@@ -136,8 +152,12 @@ def test_sigterm_stops_the_server_and_fails_the_stage(own_root):
     build = own_root / "artifacts" / "ref-small" / "int8"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines", "serve", "--model", "ref-small", "--precision", "int8"],
-        cwd=REPO, env=root_env(own_root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=root_env(own_root),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 180
     while not any(
         "Application startup complete" in p.read_text(errors="replace")
@@ -198,10 +218,10 @@ def test_models_checks_the_files_a_card_names(tmp_path):
 
 
 def test_a_store_that_turns_read_only_mid_stage_says_so(tmp_path, monkeypatch):
-    from pipelines.core.errors import QevalError
-    from pipelines.core.manifests import finished
-    from pipelines.core.results import Quantized
-    from pipelines.core.runner import run_stage
+    from pipelines.core.framework.runner import run_stage
+    from pipelines.core.store.manifests import finished
+    from pipelines.core.store.results import Quantized
+    from pipelines.core.system.errors import QevalError
     from pipelines.tracking.mlflow_tracker import MlflowTracker
 
     monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))

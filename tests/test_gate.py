@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,8 @@ from eval.paired import Scored, generation, paired
 from eval.records import GENERATED_IDS, AccuracyResult, Metric, leaves
 from eval.stats import Verdict, compare
 from eval.stopping import StopScoring, TaskRule, first_stop
-from pipelines.core.cards import Gate
-from pipelines.core.verdicts import BuildVerdict, Decision, Measured
+from pipelines.core.card.cards import Gate
+from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from pipelines.decision.policy import choose, combine, length_rule, memory_rule, speed_rule, task_rule
 from pipelines.present.charts import pareto
 from pipelines.present.formats import precision_colour
@@ -65,8 +66,9 @@ def test_the_worst_task_is_the_one_that_decides_against_its_own_threshold():
     }
     assert tasks["needle"].verdict == PASS and tasks["verse"].verdict == INCONCLUSIVE
     assert tasks["needle"].recovery[0] < tasks["verse"].recovery[0]  # the lowest recovery is not what decides
-    build = BuildVerdict(precision="x", verdict=INCONCLUSIVE, rules=[], tasks=tasks, speed=Measured(1, 1, 1, NATIVE),
-                         speedup=None)  # fmt: skip
+    build = BuildVerdict(
+        precision="x", verdict=INCONCLUSIVE, rules=[], tasks=tasks, speed=Measured(1, 1, 1, NATIVE), speedup=None
+    )
     assert build.worst_task()[0] == "verse"
     passing = build.model_copy(update={"tasks": {k: tasks[k] for k in ("needle", "same")}})
     assert passing.worst_task()[0] == "needle"  # both pass: the one that used more of what its threshold allows
@@ -85,8 +87,9 @@ def test_the_report_says_how_many_documents_each_verdict_needs():
     }
     assert tasks["verse"].verdict == INCONCLUSIVE and tasks["word"].verdict == FAIL
     assert tasks["verse"].n_to_decide > 400 > tasks["word"].n_to_decide  # undecided needs more; decided fewer
-    build = BuildVerdict(precision="x", verdict=FAIL, rules=[], tasks=tasks, speed=Measured(1, 1, 1, NATIVE),
-                         speedup=None)  # fmt: skip
+    build = BuildVerdict(
+        precision="x", verdict=FAIL, rules=[], tasks=tasks, speed=Measured(1, 1, 1, NATIVE), speedup=None
+    )
     lines = documents_section(Decision.model_construct(builds=[build]))
     rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| x |")}
     assert rows["word"].startswith(f"| x | word | FAIL | 400 | {tasks['word'].n_to_decide:,} | decided; ")
@@ -134,8 +137,9 @@ def test_fit_rule_names_the_gpus_a_build_does_not_fit():
     from eval.sizing import Shape, fit
     from pipelines.decision.policy import fit_rule
 
-    llama8b = Shape(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256,
-                    tied=False)  # fmt: skip
+    llama8b = Shape(
+        layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256, tied=False
+    )
     grid = {"batch": 32, "input_len": 2048, "output_len": 128, "group_size": 128}
     bf16 = fit_rule([fit(llama8b, "bf16", get_gpu(g), **grid) for g in ("h100-sxm", "l4")])
     assert bf16.verdict == FAIL and "does not fit l4" in bf16.reason
@@ -166,8 +170,17 @@ def test_length_rule_fails_a_build_whose_outputs_ramble(tmp_path):
     """A constructed case through the gate's reading path: per-document records with generated token ids,
     a build whose every output is 40 % longer than the baseline's."""
     scores = {"gen": [Metric(name="chrf", value=0.5)]}
-    result = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
-                            lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
+    result = AccuracyResult(
+        scores=scores,
+        n_samples={},
+        versions={},
+        chance={},
+        datasets={},
+        backend="hf",
+        lm_eval_version="x",
+        seconds=1,
+        peak_rss_mb=1,
+    )
     sides = {}
     for side, extra in (("base", 0), ("long", 4)):
         folder = tmp_path / side
@@ -193,8 +206,17 @@ def test_a_task_with_a_control_is_judged_by_its_gain_over_it(tmp_path):
     """Per document, the probe's log-likelihood less its control's on the same item: a build that keeps the
     control's score but loses most of what the probe adds fails, though its raw score moved by about 1 %."""
     scores = {t: [Metric(name="bits_per_byte", value=1.0, higher_is_better=False)] for t in ("probe", "ctl")}
-    result = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
-                            lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
+    result = AccuracyResult(
+        scores=scores,
+        n_samples={},
+        versions={},
+        chance={},
+        datasets={},
+        backend="hf",
+        lm_eval_version="x",
+        seconds=1,
+        peak_rss_mb=1,
+    )
     rng = np.random.default_rng(1)
     control = -70 + rng.normal(0, 5, 100)
     gain = 0.8 + rng.normal(0, 0.3, 100)
@@ -209,17 +231,35 @@ def test_a_task_with_a_control_is_judged_by_its_gain_over_it(tmp_path):
         "probe", sides["base"], sides["lossy"], threshold=Gate().threshold("probe"), bootstrap=Gate().bootstrap
     )
     assert raw.recovery[0] > 0.98  # the raw score hardly moves
-    c = paired("probe", sides["base"], sides["lossy"], threshold=Gate().threshold("probe"),
-               bootstrap=Gate().bootstrap, control="ctl")  # fmt: skip
+    c = paired(
+        "probe",
+        sides["base"],
+        sides["lossy"],
+        threshold=Gate().threshold("probe"),
+        bootstrap=Gate().bootstrap,
+        control="ctl",
+    )
     assert c.metric == "log-likelihood gain over ctl" and c.verdict == FAIL
     assert c.recovery[0] == pytest.approx(0.2) and c.n == 100
-    same = paired("probe", sides["base"], sides["base"], threshold=Gate().threshold("probe"),
-                  bootstrap=Gate().bootstrap, control="ctl")  # fmt: skip
+    same = paired(
+        "probe",
+        sides["base"],
+        sides["base"],
+        threshold=Gate().threshold("probe"),
+        bootstrap=Gate().bootstrap,
+        control="ctl",
+    )
     assert same.recovery == (1.0, 1.0, 1.0) and same.verdict == PASS
     (tmp_path / "base" / "samples_ctl.jsonl").write_text(json.dumps({"doc_id": 0, "bits_per_byte": [1.0, 1]}) + "\n")
     with pytest.raises(KeyError):  # the control is not the same items
-        paired("probe", sides["base"], sides["lossy"], threshold=Gate().threshold("probe"), bootstrap=Gate().bootstrap,
-               control="ctl")  # fmt: skip
+        paired(
+            "probe",
+            sides["base"],
+            sides["lossy"],
+            threshold=Gate().threshold("probe"),
+            bootstrap=Gate().bootstrap,
+            control="ctl",
+        )
 
 
 def test_group_tasks_pool_their_subtasks():
@@ -248,56 +288,86 @@ def _with_policy(root, **policy) -> None:
     path.write_text(head + "gate:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in policy.items()))
 
 
-@pytest.mark.slow
-def test_gate_ships_a_build_and_registers_it(own_root):
+@dataclass
+class Shipped:
+    root: Path
+    decision: dict
+    client: object
+    version: object
+
+    def build(self, precision: str) -> dict:
+        return next(b for b in self.decision["builds"] if b["precision"] == precision)
+
+
+@pytest.fixture(scope="module")
+def shipped(small_root, builds, measured, tmp_path_factory):
+    """ref-small gated once for the tests below, under a lenient policy that every quantized build of the same
+    model passes on a handful of documents. They read it in file order; the last one changes the policy."""
     from mlflow.tracking import MlflowClient
 
-    from pipelines.core.cards import load_card
+    from conftest import copy_root, use_root
+    from pipelines.core.card.cards import load_card
     from pipelines.stages.evaluate import evaluate
     from pipelines.tracking.mlflow_tracker import MlflowTracker
 
-    # the session's builds were evaluated without a store: their (unchanged) evaluations go to this one's
-    # runs, as `qeval run` logs them, for the regression gate below to read back
-    card, tracker = load_card("ref-small"), MlflowTracker("ref-small")
-    assert {evaluate(card, p, tracker).status for p in card.precisions} == {"skipped"}
-    # a lenient policy: every quantized build of the same model passes on a handful of documents
-    _with_policy(own_root, baseline="bf16", min_recovery=0.5, max_length_change=None, min_speedup=None,
-                 prefer="memory", bootstrap_seed=7)  # fmt: skip
-    done = _gate_cli(own_root, "gate", "--model", "ref-small", "--json")
-    assert done.returncode == 0, done.stderr[-2000:]
-    decision = last_json_line(done.stdout)["gate"]
+    with pytest.MonkeyPatch.context() as mp:
+        root = copy_root(small_root, tmp_path_factory.mktemp("shipped") / "own")
+        use_root(mp, root)
+        # the session's builds were evaluated without a store: their (unchanged) evaluations go to this one's
+        # runs, as `qeval run` logs them, for the regression gate to read back
+        card, tracker = load_card("ref-small"), MlflowTracker("ref-small")
+        assert {evaluate(card, p, tracker).status for p in card.precisions} == {"skipped"}
+        lenient = {"min_recovery": 0.5, "max_length_change": None, "min_speedup": None, "bootstrap_seed": 7}
+        _with_policy(root, baseline="bf16", prefer="memory", **lenient)
+        done = _gate_cli(root, "gate", "--model", "ref-small", "--json")
+        assert done.returncode == 0, done.stderr[-2000:]
+        client = MlflowClient(f"sqlite:///{root / 'mlruns/mlflow.db'}")
+        version = client.get_model_version_by_alias("qeval-ref-small", "ship")
+        yield Shipped(root, last_json_line(done.stdout)["gate"], client, version)
+
+
+@pytest.mark.slow
+def test_the_gate_ships_the_smallest_build_that_passes(shipped):
+    decision = shipped.decision
     verdicts = {b["precision"]: b["verdict"] for b in decision["builds"]}
     assert set(verdicts) == {"fp8", "int8", "awq", "gptq", "int8+kv-fp8"}
     assert decision["chosen"] in {p for p, v in verdicts.items() if v == PASS}
     assert decision["chosen"] in {"awq", "gptq"}  # 4-bit builds are the smallest
     assert decision["policy"]["bootstrap_seed"] == 7 and decision["policy"]["bootstrap_resamples"] == 2000
     assert decision["code"]["commit"]
-    on_disk = json.loads((own_root / "artifacts/ref-small/gate.json").read_text())
+    on_disk = json.loads((shipped.root / "artifacts/ref-small/gate.json").read_text())
     assert on_disk["chosen"] == decision["chosen"] and on_disk["decided"] == decision["decided"]
 
-    client = MlflowClient(f"sqlite:///{own_root / 'mlruns/mlflow.db'}")
-    version = client.get_model_version_by_alias("qeval-ref-small", "ship")
-    run = client.get_run(version.run_id)
-    assert run.data.tags["qeval.precision"] == decision["chosen"]
+
+@pytest.mark.slow
+def test_the_shipped_build_is_registered_and_described_in_the_runs_table(shipped):
+    chosen, client = shipped.decision["chosen"], shipped.client
+    run = client.get_run(shipped.version.run_id)
+    assert run.data.tags["qeval.precision"] == chosen
     assert run.data.tags["qeval.gate.verdict"] == PASS
     assert "refkjv_ppl: bits_per_byte recovery" in run.data.tags["qeval.gate.reasons"]
     # what the runs table shows without set-up: the precision, its colour, and a description with the verdict
-    assert run.data.params["precision"] == decision["chosen"]
-    assert run.data.tags["mlflow.runColor"] == precision_colour(decision["chosen"])
+    assert run.data.params["precision"] == chosen
+    assert run.data.tags["mlflow.runColor"] == precision_colour(chosen)
     note = run.data.tags["mlflow.note.content"]
     assert note.startswith("PASS, SHIPS: ") and " · recovery " in note
     assert note.endswith(tuple(f"({e})" for e in Execution))
-    chosen = next(b for b in decision["builds"] if b["precision"] == decision["chosen"])
-    assert run.data.metrics["gate/weights_gb"] == pytest.approx(chosen["speed"]["weights_gb"], rel=1e-3)  # 4 digits
-    experiment = client.get_experiment(run.info.experiment_id)
-    view = json.loads(experiment.tags["mlflow.sharedViewState.qeval"])
+    weights = shipped.build(chosen)["speed"]["weights_gb"]
+    assert run.data.metrics["gate/weights_gb"] == pytest.approx(weights, rel=1e-3)  # four digits
+    view = json.loads(client.get_experiment(run.info.experiment_id).tags["mlflow.sharedViewState.qeval"])
     assert view["selectedColumns"][0] == "attributes.`Description`"
+    # the registered version's source is the checkpoint logged on the build's run
+    assert shipped.version.source == f"{run.info.artifact_uri}/quantize/checkpoint"
 
-    # its ship card, read back from the store, says what the gate decided
-    card_text = _gate_cli(own_root, "card", "--model", "ref-small")
+
+@pytest.mark.slow
+def test_the_ship_card_read_back_from_the_store_says_what_the_gate_decided(shipped):
+    """The ship card's Markdown, rendered once here: its sections, every task's interval, every rule."""
+    chosen = shipped.build(shipped.decision["chosen"])
+    card_text = _gate_cli(shipped.root, "card", "--model", "ref-small")
     assert card_text.returncode == 0, card_text.stderr[-2000:]
     shown = card_text.stdout
-    assert shown.startswith(f"# ref-small {decision['chosen']}: the build qeval ships")
+    assert shown.startswith(f"# ref-small {chosen['precision']}: the build qeval ships")
     for task, c in chosen["tasks"].items():
         rec, lo, hi = c["recovery"]
         assert f"| {task} | {c['metric']} |" in shown and f"| {rec:.4f} | [{lo:.4f}, {hi:.4f}] |" in shown
@@ -305,51 +375,63 @@ def test_gate_ships_a_build_and_registers_it(own_root):
         assert section in shown, section
     assert all(f"- {r['reason']}" in shown for r in chosen["rules"])
 
-    # the registered version's source is the checkpoint logged on the build's run: any machine reaching the
-    # store pulls it into an empty folder, and it is the gated build (same logits)
-    assert version.source == f"{run.info.artifact_uri}/quantize/checkpoint"
-    pulled = own_root / "elsewhere" / "ship"
-    got = _gate_cli(own_root, "pull", "--model", "ref-small", str(pulled), "--json")
-    assert got.returncode == 0, got.stderr[-2000:]
-    assert last_json_line(got.stdout)["precision"] == decision["chosen"]
-    gated = own_root / "artifacts/ref-small" / decision["chosen"] / "quantize/checkpoint"
-    assert same_logits(pulled, gated)
-    again = _gate_cli(own_root, "pull", "--model", "ref-small", str(pulled))
-    assert again.returncode == 2 and "not an empty folder" in again.stderr
-    checked = _gate_cli(own_root, "verify", "--model", "ref-small", str(pulled))
-    assert checked.returncode == 0 and " files of version " in checked.stdout, checked.stderr[-2000:]
-    # the store's copy changed after the gate: pull refuses it, naming the file
-    stored = Path(version.source.removeprefix("file://")) / "model.safetensors"
-    stored.write_bytes(stored.read_bytes()[:-1] + b"\0")
-    changed = _gate_cli(own_root, "pull", "--model", "ref-small", str(own_root / "elsewhere" / "changed"))
-    assert changed.returncode == 2 and "model.safetensors has changed" in changed.stderr.strip().splitlines()[-1]
-    assert not (own_root / "elsewhere" / "changed").exists()
 
-    # a regression gate: every build also against the shipped one, on its records read from MLflow
-    against = _gate_cli(own_root, "gate", "--model", "ref-small", "--against", "ship", "--json")
+@pytest.mark.slow
+def test_a_pulled_build_is_the_gated_one_and_a_changed_store_is_refused(shipped):
+    """Any machine reaching the store pulls the shipped build into an empty folder, and it is the gated build
+    (same logits); a copy in the store changed after the gate is refused, naming the file."""
+    root, chosen = shipped.root, shipped.decision["chosen"]
+    pulled = root / "elsewhere" / "ship"
+    got = _gate_cli(root, "pull", "--model", "ref-small", str(pulled), "--json")
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert last_json_line(got.stdout)["precision"] == chosen
+    assert same_logits(pulled, root / "artifacts/ref-small" / chosen / "quantize/checkpoint")
+    again = _gate_cli(root, "pull", "--model", "ref-small", str(pulled))
+    assert again.returncode == 2 and "not an empty folder" in again.stderr
+    checked = _gate_cli(root, "verify", "--model", "ref-small", str(pulled))
+    assert checked.returncode == 0 and " files of version " in checked.stdout, checked.stderr[-2000:]
+    stored = Path(shipped.version.source.removeprefix("file://")) / "model.safetensors"
+    original = stored.read_bytes()
+    try:
+        stored.write_bytes(original[:-1] + b"\0")
+        changed = _gate_cli(root, "pull", "--model", "ref-small", str(root / "elsewhere" / "changed"))
+        assert changed.returncode == 2 and "model.safetensors has changed" in changed.stderr.strip().splitlines()[-1]
+        assert not (root / "elsewhere" / "changed").exists()
+    finally:
+        stored.write_bytes(original)
+
+
+@pytest.mark.slow
+def test_a_regression_gate_judges_every_build_against_what_ships_and_the_report_draws_it(shipped):
+    from pipelines.core.card.cards import load_card
+
+    root, version, chosen = shipped.root, shipped.version, shipped.decision["chosen"]
+    against = _gate_cli(root, "gate", "--model", "ref-small", "--against", "ship", "--json")
     assert against.returncode == 0, against.stderr[-2000:]
     regated = last_json_line(against.stdout)["gate"]
     assert regated["against"]["version"] == str(version.version)
-    assert regated["against"]["precision"] == decision["chosen"]
+    assert regated["against"]["precision"] == chosen
     for b in regated["builds"]:
         assert set(b["vs_ship"]) == set(load_card("ref-small").accuracy.tasks)
-        assert any(r["name"] == f"refkjv_ppl vs ship v{version.version} ({decision['chosen']})" for r in b["rules"])
-    itself = next(b for b in regated["builds"] if b["precision"] == decision["chosen"])
+        assert any(r["name"] == f"refkjv_ppl vs ship v{version.version} ({chosen})" for r in b["rules"])
+    itself = next(b for b in regated["builds"] if b["precision"] == chosen)
     assert all(c["recovery"] == [1.0, 1.0, 1.0] for c in itself["vs_ship"].values())  # the same documents, scores
-
     # the report draws the decision the gate made, not one of its own
-    shown = _gate_cli(own_root, "report", "--model", "ref-small")
+    shown = _gate_cli(root, "report", "--model", "ref-small")
     assert shown.returncode == 0, shown.stderr[-2000:]
-    md = (own_root / "reports/ref-small/report.md").read_text()
+    md = (root / "reports/ref-small/report.md").read_text()
     assert f"**Decision:** {regated['chosen']} " in md and regated["decided"] in md  # the last one
 
-    # a strict speed rule no emulated build can meet. A regression gate that nothing passes leaves what is
-    # deployed in place (exit 1); a plain gate withdraws it: nothing ships, exit 1, the alias is gone
-    _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=50)
-    strict_against = _gate_cli(own_root, "gate", "--model", "ref-small", "--against", "ship")
+
+@pytest.mark.slow
+def test_nothing_passes_a_regression_gate_keeps_ship_and_a_plain_gate_withdraws_it(shipped):
+    """A strict speed rule no emulated build can meet (this test changes the module's policy: it runs last)."""
+    root, client = shipped.root, shipped.client
+    _with_policy(root, baseline="bf16", min_recovery=0.5, min_speedup=50)
+    strict_against = _gate_cli(root, "gate", "--model", "ref-small", "--against", "ship")
     assert strict_against.returncode == 1 and "nothing replaces ship v" in strict_against.stderr
-    assert client.get_model_version_by_alias("qeval-ref-small", "ship").version == version.version
-    strict = _gate_cli(own_root, "gate", "--model", "ref-small", "--json")
+    assert client.get_model_version_by_alias("qeval-ref-small", "ship").version == shipped.version.version
+    strict = _gate_cli(root, "gate", "--model", "ref-small", "--json")
     assert strict.returncode == 1, strict.stderr[-2000:]
     assert "nothing ships" in strict.stderr
     builds = last_json_line(strict.stdout)["gate"]["builds"]
@@ -358,7 +440,7 @@ def test_gate_ships_a_build_and_registers_it(own_root):
     # the KV-cache variant's bench emulates its cache, which is not the baseline's harness (INCONCLUSIVE)
     said = ("vs min 50x", "suspect", "FP8 KV cache emulated vs the baseline's")
     assert all(any(any(s in r["reason"] for s in said) for r in b["rules"]) for b in builds)
-    assert json.loads((own_root / "artifacts/ref-small/gate.json").read_text())["chosen"] is None
+    assert json.loads((root / "artifacts/ref-small/gate.json").read_text())["chosen"] is None
     with pytest.raises(Exception, match="ship"):
         client.get_model_version_by_alias("qeval-ref-small", "ship")
 
@@ -367,8 +449,8 @@ def test_gate_ships_a_build_and_registers_it(own_root):
 def test_a_fit_rule_reads_the_size_stage(own_root):
     from memory_tracker import MemoryTracker
 
-    from pipelines.core.cards import load_card
-    from pipelines.core.errors import QevalError
+    from pipelines.core.card.cards import load_card
+    from pipelines.core.system.errors import QevalError
     from pipelines.decision.gate import decide
     from pipelines.stages.size import size
 
@@ -403,8 +485,17 @@ def test_scoring_stops_at_the_first_task_a_build_cannot_ship_with(tmp_path):
     a FAIL stops; an INCONCLUSIVE stops only under `inconclusive`; a passing task does not."""
     tasks = ("same", "unsure", "lost")
     scores = {t: [Metric(name="acc", value=1.0)] for t in tasks}
-    result = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
-                            lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
+    result = AccuracyResult(
+        scores=scores,
+        n_samples={},
+        versions={},
+        chance={},
+        datasets={},
+        backend="hf",
+        lm_eval_version="x",
+        seconds=1,
+        peak_rss_mb=1,
+    )
     build_acc = {"same": [1.0] * 20, "unsure": [1.0] * 19 + [0.0], "lost": [0.0] * 20}
     for side in ("base", "build"):
         (tmp_path / side).mkdir()
@@ -415,8 +506,9 @@ def test_scoring_stops_at_the_first_task_a_build_cannot_ship_with(tmp_path):
     rules = {t: TaskRule(threshold=Gate().threshold(t)) for t in tasks}
 
     def stop(when: str, scored: tuple[str, ...], rules=rules) -> tuple[str | None, set[str]]:
-        rule = StopScoring(when=when, rules=rules, bootstrap=Gate().bootstrap, baseline_folder=str(tmp_path / "base"),
-                           baseline=result)  # fmt: skip
+        rule = StopScoring(
+            when=when, rules=rules, bootstrap=Gate().bootstrap, baseline_folder=str(tmp_path / "base"), baseline=result
+        )
         partial = result.model_copy(update={"scores": {t: result.scores[t] for t in scored}})
         judged: set[str] = set()
         return first_stop(rule, tmp_path / "build", partial, judged), judged
@@ -438,16 +530,25 @@ def test_a_build_that_fails_a_task_is_not_scored_further(own_root):
     its policy say what was not scored, and the build cannot pass."""
     from memory_tracker import MemoryTracker
 
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
     from pipelines.decision.gate import decide
     from pipelines.present.tables import policy_text, table
     from pipelines.stages.evaluate import evaluate
 
     card_file = own_root / "cards" / "ref-small.yaml"
-    card_file.write_text(card_file.read_text().replace("precisions: [bf16, fp8, int8, awq, gptq, int8+kv-fp8]",
-                                                       "precisions: [bf16, int8]"))  # fmt: skip
-    _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, stop_scoring="fail",
-                 task_min_recovery={"refkjv_ppl": 1.5})  # fmt: skip
+    card_file.write_text(
+        card_file.read_text().replace(
+            "precisions: [bf16, fp8, int8, awq, gptq, int8+kv-fp8]", "precisions: [bf16, int8]"
+        )
+    )
+    _with_policy(
+        own_root,
+        baseline="bf16",
+        min_recovery=0.5,
+        min_speedup=None,
+        stop_scoring="fail",
+        task_min_recovery={"refkjv_ppl": 1.5},
+    )
     card, tracker = load_card("ref-small"), MemoryTracker("ref-small")
     first, *rest = card.accuracy.tasks
     base = evaluate(card, "bf16", tracker)  # scored again: a task at a time, as the builds that may stop
@@ -473,7 +574,7 @@ def test_a_gate_of_some_builds_un_ships_only_a_build_it_judged(own_root):
     then said nothing ships (issue 41); gating fp8 itself, failing, still withdraws it."""
     from memory_tracker import MemoryTracker
 
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
     from pipelines.decision.gate import gate
 
     _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, task_min_recovery={"refkjv_ppl": 1.5})

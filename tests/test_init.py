@@ -8,12 +8,12 @@ import json
 import pytest
 from helpers import REPO, TINY
 
-from pipelines.core.errors import QevalError
+from pipelines.core.system.errors import QevalError
 
 
 def test_init_writes_a_valid_card_for_a_local_folder_and_says_what_it_guessed(cards):
-    from pipelines.core.cards import load_card
-    from pipelines.core.scaffold import scaffold, write
+    from pipelines.core.card.cards import load_card
+    from pipelines.scaffold import scaffold, write
 
     made = scaffold(str(REPO / "refmodel/ref-lm"), name="my-ref")
     path = write(made)
@@ -30,8 +30,8 @@ def test_init_writes_a_valid_card_for_a_local_folder_and_says_what_it_guessed(ca
 def test_init_from_a_hub_id_ships_its_config_and_picks_a_group_size_that_divides(cards, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from pipelines.core import scaffold as sc
-    from pipelines.core.cards import load_card
+    from pipelines import scaffold as sc
+    from pipelines.core.card.cards import load_card
 
     # the hub's cache as huggingface_hub lays it out, with an architecture whose widths 128 does not divide
     snapshot = tmp_path / "hub" / "models--acme--Tiny-Chat" / "snapshots" / "abc123"
@@ -53,7 +53,7 @@ def test_init_from_a_hub_id_ships_its_config_and_picks_a_group_size_that_divides
 
 
 def test_init_refuses_what_it_cannot_read_in_one_line(cards, tmp_path, monkeypatch):
-    from pipelines.core.scaffold import scaffold
+    from pipelines.scaffold import scaffold
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(QevalError, match=r"has no config\.json"):
@@ -67,8 +67,8 @@ def test_init_refuses_what_it_cannot_read_in_one_line(cards, tmp_path, monkeypat
 def test_a_path_or_name_from_outside_stays_one_value_in_the_card(cards, tmp_path):
     """A folder named `m #x` was written as `path: .../m #x`, which YAML reads as `.../m`, another model; an
     architecture name holding a newline and `gate:` added a key (issue 41)."""
-    from pipelines.core.cards import load_card
-    from pipelines.core.scaffold import scaffold, write
+    from pipelines.core.card.cards import load_card
+    from pipelines.scaffold import scaffold, write
 
     folder = tmp_path / "src" / "m #x"
     folder.mkdir(parents=True)
@@ -81,7 +81,7 @@ def test_a_path_or_name_from_outside_stays_one_value_in_the_card(cards, tmp_path
 
 
 def test_a_card_that_gives_a_key_twice_is_refused_in_one_line(cards):
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
 
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: twice")
     cards("twice", text + "gate:\n  baseline: bf16\n  min_recovery: 0.5\n")
@@ -105,7 +105,7 @@ def test_a_card_that_gives_a_key_twice_is_refused_in_one_line(cards):
 def test_init_refuses_a_shape_no_model_has_in_one_line(cards, tmp_path, change, says):
     """`hidden_size: -256` made a card that `qeval size` said fits, with a negative KV cache; zero layers or
     heads and empty architectures were tracebacks, a context of 1 "a qeval bug" (issue 41)."""
-    from pipelines.core.scaffold import scaffold
+    from pipelines.scaffold import scaffold
 
     (tmp_path / "config.json").write_text(json.dumps({**TINY, **change}))
     with pytest.raises(QevalError, match=says):

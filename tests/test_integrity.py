@@ -20,10 +20,10 @@ from helpers import REPO, card_env, env_with, processes_naming, root_env
 from helpers import qeval_timed as _qeval
 from memory_tracker import MemoryTracker
 
-from pipelines.core.cards import load_card
-from pipelines.core.errors import QevalError
-from pipelines.core.integrity import Tampered, check_safetensors, file_hashes
-from pipelines.core.results import Quantized
+from pipelines.core.card.cards import load_card
+from pipelines.core.store.results import Quantized
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.integrity import Tampered, check_safetensors, file_hashes
 
 REF = REPO / "refmodel" / "ref-lm"
 
@@ -47,7 +47,7 @@ def _base_copy(tmp_path: Path, name: str = "base") -> Path:
 
 @pytest.mark.integration
 def test_a_checkpoint_changed_after_its_build_is_refused_by_every_reader(own_root):
-    from pipelines.core.weights import checkpoint_for
+    from pipelines.core.framework.weights import checkpoint_for
     from pipelines.decision.gate import gate
     from pipelines.stages.quantize import quantize
 
@@ -203,7 +203,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 _OWNER = """
 import sys, time
 from pathlib import Path
-from pipelines.core.procs import running
+from pipelines.core.system.procs import running
 with running([sys.executable, "-c", sys.argv[1], "{port}", sys.argv[2]], Path(sys.argv[3]), 30, "a server") as url:
     print(url, flush=True)
     time.sleep(600)
@@ -214,8 +214,12 @@ with running([sys.executable, "-c", sys.argv[1], "{port}", sys.argv[2]], Path(sy
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_a_server_dies_with_the_process_that_started_it(tmp_path, how):
     marker = f"qeval-test-server-{os.getpid()}-{how}"
-    owner = subprocess.Popen([sys.executable, "-c", _OWNER, _SERVER, marker, str(tmp_path / "server.log")],
-                             cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, _SERVER, marker, str(tmp_path / "server.log")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert owner.stdout.readline().startswith("http://127.0.0.1:")
         assert len(processes_naming(marker)) >= 2  # the watchdog and the server
@@ -246,7 +250,7 @@ def test_a_build_leaves_out_code_its_card_does_not_trust(tmp_path):
 
 
 def test_reading_a_card_says_its_model_ships_code_that_is_not_run(tmp_path, cards, caplog):
-    from pipelines.core.weights import resolve_weights
+    from pipelines.core.framework.weights import resolve_weights
 
     base = _base_copy(tmp_path)
     config = json.loads((base / "config.json").read_text())
@@ -281,9 +285,9 @@ def test_an_explicit_vllm_python_that_does_not_work_is_an_error(monkeypatch, pyt
 
 @pytest.mark.integration
 def test_a_stage_whose_upload_is_cut_short_is_not_tagged_done(tmp_path, monkeypatch):
-    from pipelines.core.manifests import finished
-    from pipelines.core.results import Quantized
-    from pipelines.core.runner import run_stage
+    from pipelines.core.framework.runner import run_stage
+    from pipelines.core.store.manifests import finished
+    from pipelines.core.store.results import Quantized
     from pipelines.tracking.mlflow_tracker import MlflowTracker
 
     monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))
@@ -305,8 +309,8 @@ def test_a_stage_whose_upload_is_cut_short_is_not_tagged_done(tmp_path, monkeypa
 
 
 def test_a_stage_read_back_without_all_its_files_is_refused(tmp_path, monkeypatch):
-    from pipelines.core.results import Quantized
-    from pipelines.core.runner import run_stage
+    from pipelines.core.framework.runner import run_stage
+    from pipelines.core.store.results import Quantized
     from pipelines.tracking.readback import fetch_stage
 
     monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))
@@ -343,8 +347,11 @@ def _ref_card(cards, name: str, **replace: str):
     ],
 )
 def test_a_grid_point_beyond_any_machine_is_refused_when_the_card_is_read(cards, line, key):
-    grid = {"batch_sizes: [1, 4]": "batch_sizes: [1, 4]", "concurrency: [1, 4, 16]": "concurrency: [1, 4, 16]",
-            "output_lengths: [32]": "output_lengths: [32]"}  # fmt: skip
+    grid = {
+        "batch_sizes: [1, 4]": "batch_sizes: [1, 4]",
+        "concurrency: [1, 4, 16]": "concurrency: [1, 4, 16]",
+        "output_lengths: [32]": "output_lengths: [32]",
+    }
     old = next(k for k in grid if k.split(":")[0] == line.split(":")[0])
     name = _ref_card(cards, "absurd", **{old: line})
     with pytest.raises(QevalError, match=rf"key '{re.escape(key)}': Input should be less than or equal to"):
@@ -352,7 +359,7 @@ def test_a_grid_point_beyond_any_machine_is_refused_when_the_card_is_read(cards,
 
 
 def test_lengths_are_checked_against_the_model_and_memory_against_this_machine(cards, monkeypatch):
-    from pipelines.core import demands
+    from pipelines.core.framework import demands
 
     card = load_card(_ref_card(cards, "long", **{"output_lengths: [32]": "output_lengths: [600]"}))
     assert demands.length_problems(card) == [
@@ -379,13 +386,16 @@ def test_lengths_are_checked_against_the_model_and_memory_against_this_machine(c
 
 
 def test_task_files_and_task_names_are_checked_when_the_card_is_read(cards, tmp_path):
-    from pipelines.core.demands import task_problems
+    from pipelines.core.framework.demands import task_problems
 
     tasks = tmp_path / "tasks"
     shutil.copytree(REPO / "eval/tasks/refkjv", tasks)
     (tasks / "unused.yaml").write_text("task: x\n  bad: [indent\n")
-    name = _ref_card(cards, "tasked", **{"include_path: eval/tasks/refkjv": f"include_path: {tasks}",
-                                         "[refkjv_ppl,": "[refkjv_pplx,"})  # fmt: skip
+    name = _ref_card(
+        cards,
+        "tasked",
+        **{"include_path: eval/tasks/refkjv": f"include_path: {tasks}", "[refkjv_ppl,": "[refkjv_pplx,"},
+    )
     problems = task_problems(load_card(name))
     assert len(problems) == 2, problems
     assert f"{tasks / 'unused.yaml'}:2:" in problems[0] and "is not valid YAML" in problems[0]

@@ -30,19 +30,29 @@ def _text(i: int, finish: str | None = None) -> str:
 
 # what the server streams per request, by the model the request names
 REPLIES: dict[str, list[str]] = {
-    "whole": [*(_text(i) for i in range(ASKED - 1)), _text(ASKED - 1, "length"),
-              _event({"choices": [], "usage": {"completion_tokens": ASKED, "prompt_tokens": 4}}), "data: [DONE]\n\n"],
+    "whole": [
+        *(_text(i) for i in range(ASKED - 1)),
+        _text(ASKED - 1, "length"),
+        _event({"choices": [], "usage": {"completion_tokens": ASKED, "prompt_tokens": 4}}),
+        "data: [DONE]\n\n",
+    ],
     # transformers serve ends with a chunk that carries the finish reason and usage, and no [DONE]
-    "no-done": [*(_text(i) for i in range(ASKED)),
-                _event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
-                        "usage": {"completion_tokens": ASKED, "prompt_tokens": 4}})],
+    "no-done": [
+        *(_text(i) for i in range(ASKED)),
+        _event(
+            {
+                "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                "usage": {"completion_tokens": ASKED, "prompt_tokens": 4},
+            }
+        ),
+    ],
     "cut": [_text(0)],  # then the response ends: no finish reason, no [DONE]
     "short": [_text(0, "length"), "data: [DONE]\n\n"],
     "error": [_text(0), 'data: {"error": "out of memory"}\n\n'],
     "not-an-object": [_text(0), "data: [1, 2]\n\n"],
     "bad-usage": [_text(0), _event({"choices": [], "usage": {"completion_tokens": "many"}}), "data: [DONE]\n\n"],
     "drop": [_text(0), "DROP"],  # then the connection is dropped mid-response
-}  # fmt: skip
+}
 
 
 def _app():
@@ -70,7 +80,7 @@ def _app():
 def url() -> Iterator[str]:
     import uvicorn
 
-    from pipelines.core.procs import free_port
+    from pipelines.core.system.procs import free_port
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(_app(), host="127.0.0.1", port=port, log_level="critical"))
@@ -86,8 +96,18 @@ def url() -> Iterator[str]:
 
 
 def _one(url: str, model: str, exact: str = "ignore_eos"):
-    cfg = LoadConfig(url=url, model=model, api="completions", concurrency=[1], requests_per_user=2, warmup=0,
-                     input_len=4, output_len=ASKED, exact_length=exact, timeout_s=10)  # fmt: skip
+    cfg = LoadConfig(
+        url=url,
+        model=model,
+        api="completions",
+        concurrency=[1],
+        requests_per_user=2,
+        warmup=0,
+        input_len=4,
+        output_len=ASKED,
+        exact_length=exact,
+        timeout_s=10,
+    )
     return sweep(cfg, ["a prompt"] * 2)
 
 
@@ -129,15 +149,24 @@ def test_a_server_that_never_answers_fails_the_warm_up_within_its_bound():
     `timeout_s: 5`: the warm-up's bound was fixed at 300 s (issue 41)."""
     import socket
 
-    from pipelines.core.cards import Server
+    from pipelines.core.card.cards import Server
     from pipelines.stages.serve import WARMUP_LOAD_S, warmup_timeout
 
     with socket.socket() as silent:  # accepts connections (the kernel's backlog), never says a word
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        cfg = LoadConfig(url=f"http://127.0.0.1:{silent.getsockname()[1]}", model="m", api="completions",
-                         concurrency=[1], requests_per_user=1, warmup=1, input_len=4, output_len=ASKED,
-                         timeout_s=1, warmup_timeout_s=warmup_timeout(Server(timeout_s=1), "external"))  # fmt: skip
+        cfg = LoadConfig(
+            url=f"http://127.0.0.1:{silent.getsockname()[1]}",
+            model="m",
+            api="completions",
+            concurrency=[1],
+            requests_per_user=1,
+            warmup=1,
+            input_len=4,
+            output_len=ASKED,
+            timeout_s=1,
+            warmup_timeout_s=warmup_timeout(Server(timeout_s=1), "external"),
+        )
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="warm-up request failed: timeout"):
             sweep(cfg, ["a prompt"] * 3)

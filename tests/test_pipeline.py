@@ -13,7 +13,7 @@ from helpers import last_json_line, processes_naming, qeval, root_env
 from mlflow.tracking import MlflowClient
 
 from eval.serving import read_csv
-from pipelines.core.cards import load_card
+from pipelines.core.card.cards import load_card
 from pipelines.stages.engines import kv_cannot_serve, vllm_cannot_run
 from pipelines.tracking.store import tracking_uri
 from quant.execution import CPU
@@ -46,8 +46,13 @@ def test_run_does_every_stage_in_order_and_says_how_long_each_took(pipeline_run)
     statuses = {s["stage"]: set() for s in doc["stages"]}
     for s in doc["stages"]:
         statuses[s["stage"]].add(s["status"])
-    assert statuses == {"quantize": {"skipped"}, "evaluate": {"skipped"}, "bench": {"skipped"},  # the fixtures'
-                        "size": {"done"}, "serve": {"done"}}  # fmt: skip
+    assert statuses == {
+        "quantize": {"skipped"},
+        "evaluate": {"skipped"},
+        "bench": {"skipped"},  # the fixtures'
+        "size": {"done"},
+        "serve": {"done"},
+    }
     # its time by stage, this run's wall time: the cached stages' checks, the served ones' whole work
     seconds = doc["seconds"]
     assert list(seconds) == [*BUILD_STAGES, "gate", "report", "total"]
@@ -203,8 +208,11 @@ def test_qeval_card_reads_back_what_the_gate_decided(pipeline_run):
     shown = qeval("card", "--model", "ref-small", env=root_env(pipeline_run.root), timeout=120)
     if chosen is None:
         assert shown.returncode == 2 and shown.stdout == "", shown.stdout[-2000:]
-        assert shown.stderr.strip().splitlines()[-1].endswith("nothing ships for ref-small in the tracking store; "
-                                                              "run: qeval gate --model ref-small")  # fmt: skip
+        assert (
+            shown.stderr.strip()
+            .splitlines()[-1]
+            .endswith("nothing ships for ref-small in the tracking store; run: qeval gate --model ref-small")
+        )
     else:
         assert shown.returncode == 0 and shown.stdout.startswith(f"# ref-small {chosen}: the build qeval ships")
         assert "## Capacity and cost" in shown.stdout and "## Speed, as measured" in shown.stdout

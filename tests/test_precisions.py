@@ -8,8 +8,8 @@ import pytest
 
 from eval.gpus import CATALOG, get_gpu
 from eval.sizing import Shape, fit, weight_bytes
-from pipelines.core.paths import REPO_ROOT
-from pipelines.core.results import Quantized
+from pipelines.core.store.results import Quantized
+from pipelines.core.system.paths import REPO_ROOT
 from pipelines.tracking.mapping import logged
 from quant.build import QuantizeConfig
 from quant.execution import CPU, DEQUANTIZED, Device, Execution, compute_dtype, cpu_flags, execution
@@ -23,8 +23,13 @@ LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-3.1-8b
 def _saved_config(p) -> dict:
     """What a compressed-tensors checkpoint of `p` declares in its config.json."""
     group = {"weights": {"num_bits": p.weight_bits}}
-    return {"quantization_config": {"quant_method": "compressed-tensors", "format": p.checkpoint_format,
-                                    "config_groups": {"group_0": group}}}  # fmt: skip
+    return {
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": p.checkpoint_format,
+            "config_groups": {"group_0": group},
+        }
+    }
 
 
 @pytest.mark.parametrize("name", list(PRECISIONS))
@@ -55,8 +60,13 @@ def test_every_precision_through_recipe_proof_sizing_gpus_and_tracking(name):
 
 def test_how_each_gpu_generation_runs_each_precision():
     runs = {g: {n: get_gpu(g).execution(n) for n in PRECISIONS} for g in ("a100-80gb", "l4", "h100-sxm")}
-    assert runs["a100-80gb"] == {"bf16": "native", "fp8": "weight-only", "int8": "native", "awq": "weight-only",
-                                 "gptq": "weight-only"}  # fmt: skip
+    assert runs["a100-80gb"] == {
+        "bf16": "native",
+        "fp8": "weight-only",
+        "int8": "native",
+        "awq": "weight-only",
+        "gptq": "weight-only",
+    }
     assert runs["h100-sxm"]["fp8"] == runs["l4"]["fp8"] == "native"
     h100 = get_gpu("h100-sxm")
     assert h100.compute_flops("fp8") == h100.fp8_flops and h100.compute_flops("awq") == h100.bf16_flops
@@ -112,12 +122,19 @@ def test_unknown_precision_suggests_the_closest():
 def test_a_kv_cache_variant_is_its_precision_with_another_kv_cache():
     """int8+kv-fp8: int8's weights, format and kernels, an FP8 KV cache, and nothing of its own to build."""
     base, variant = get_precision("int8"), get_precision("int8+kv-fp8")
-    assert (variant.name, variant.kv_cache, variant.shares, variant.needs_calibration) == ("int8+kv-fp8", "fp8",
-                                                                                           "int8", False)  # fmt: skip
+    assert (variant.name, variant.kv_cache, variant.shares, variant.needs_calibration) == (
+        "int8+kv-fp8",
+        "fp8",
+        "int8",
+        False,
+    )
     assert (variant.weight_bits, variant.checkpoint_format, variant.recipe) == (8, "int-quantized", base.recipe)
     assert variant.describe(128).endswith("; FP8 KV cache")
     assert (kv_cache_dtype("int8+kv-fp8", "auto"), kv_cache_dtype("int8", "auto"), kv_cache_dtype("int8", "fp8")) == (
-        "fp8", "auto", "fp8")  # fmt: skip
+        "fp8",
+        "auto",
+        "fp8",
+    )
     with pytest.raises(ValueError, match="unknown precision 'int9'"):
         get_precision("int9+kv-fp8")
 
@@ -127,5 +144,7 @@ def test_a_kv_cache_variant_runs_in_its_precisions_ray_task():
     from pipelines.fanout import tasks_of
 
     assert tasks_of(["bf16", "int8", "fp8", "int8+kv-fp8", "bf16+kv-fp8"]) == {
-        "bf16": ["bf16", "bf16+kv-fp8"], "int8": ["int8", "int8+kv-fp8"], "fp8": ["fp8"],
-    }  # fmt: skip
+        "bf16": ["bf16", "bf16+kv-fp8"],
+        "int8": ["int8", "int8+kv-fp8"],
+        "fp8": ["fp8"],
+    }

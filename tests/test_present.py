@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pipelines.core import progress
+from pipelines.core.system import progress
 from pipelines.present import formats as present
 from pipelines.tracking.mapping import build_run_tags
 from pipelines.tracking.names import PARAM_PRECISION, TAG_RUN_COLOUR
@@ -60,7 +60,7 @@ def test_progress_lines_say_elapsed_estimate_and_step(caplog):
     assert progress.estimate("m", "evaluate", None) == 120.0
     assert progress.estimate("m", "evaluate", 90.0) == 90.0  # this build's own last run wins
     with (
-        caplog.at_level(logging.INFO, logger="pipelines.core.progress"),
+        caplog.at_level(logging.INFO, logger="pipelines.core.system.progress"),
         progress.heartbeat("m@int8 bench", None, 0.05),
     ):
         progress.step("\x1b[32mRunning loglikelihood requests:  45%\x1b[0m")
@@ -75,7 +75,7 @@ def test_card_text_in_the_ship_card_is_shown_as_written_not_acted_on(tmp_path, m
     from helpers import REPO
     from markdown_it import MarkdownIt
 
-    from pipelines.core.cards import ModelCard
+    from pipelines.core.card.cards import ModelCard
     from pipelines.present.formats import literal
     from pipelines.present.shipcard import _what
 

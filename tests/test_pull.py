@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from memory_tracker import MemoryTracker
 
-from pipelines.core.errors import QevalError
+from pipelines.core.system.errors import QevalError
 
 
 @pytest.mark.parametrize(
@@ -27,7 +27,7 @@ def test_pull_refuses_a_folder_inside_what_qeval_keeps_before_writing(tmp_path, 
 
 
 def test_a_scratch_folder_left_by_a_killed_process_goes_and_a_live_ones_stays(tmp_path):
-    from pipelines.core.files import scratch
+    from pipelines.core.system.files import scratch
 
     target = tmp_path / "deploy"
     never = int(Path("/proc/sys/kernel/pid_max").read_text())  # the kernel hands out pids below it

@@ -10,10 +10,10 @@ import torch
 from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
-from pipelines.core.cards import load_card
-from pipelines.core.errors import QevalError
-from pipelines.core.manifests import finished
-from pipelines.core.results import Quantized
+from pipelines.core.card.cards import load_card
+from pipelines.core.store.manifests import finished
+from pipelines.core.store.results import Quantized
+from pipelines.core.system.errors import QevalError
 from pipelines.stages.quantize import quantize
 from pipelines.tracking.mlflow_tracker import MlflowTracker
 from pipelines.tracking.store import tracking_uri

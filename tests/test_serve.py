@@ -9,7 +9,7 @@ from helpers import qeval, root_env
 from mlflow.tracking import MlflowClient
 
 from eval.serving import read_csv
-from pipelines.core.cards import load_card
+from pipelines.core.card.cards import load_card
 from pipelines.stages.serve import serve
 from pipelines.tracking.mlflow_tracker import MlflowTracker
 from pipelines.tracking.store import tracking_uri
@@ -67,8 +67,8 @@ def test_a_server_that_cannot_be_reached_is_one_clear_error(own_root):
 def test_a_server_the_user_runs_is_driven_by_url(own_root, tmp_path):
     from memory_tracker import MemoryTracker
 
-    from pipelines.core.procs import running
-    from pipelines.core.weights import checkpoint_for
+    from pipelines.core.framework.weights import checkpoint_for
+    from pipelines.core.system.procs import running
     from pipelines.stages.engines import transformers_command
 
     card = load_card("ref-small")

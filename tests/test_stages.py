@@ -9,25 +9,34 @@ import pytest
 from helpers import REPO
 from memory_tracker import MemoryTracker
 
-from pipelines.core import runner
-from pipelines.core.code import code_digest, code_version
-from pipelines.core.errors import QevalError
-from pipelines.core.layout import stage_dir
-from pipelines.core.manifests import finished
-from pipelines.core.results import Quantized, Served, Sized
-from pipelines.core.runner import run_stage
+from pipelines.core.framework import runner
+from pipelines.core.framework.code import code_digest, code_version
+from pipelines.core.framework.runner import run_stage
+from pipelines.core.store.layout import stage_dir
+from pipelines.core.store.manifests import finished
+from pipelines.core.store.results import Quantized, Served, Sized
+from pipelines.core.system.errors import QevalError
 
 
 def _served() -> Served:
     from eval.loadgen import LoadSettings
-    from pipelines.core.cards import Slo
-    from pipelines.core.results import GeneratorCeiling
+    from pipelines.core.card.cards import Slo
+    from pipelines.core.store.results import GeneratorCeiling
 
-    load = LoadSettings(api="completions", concurrency=[1], requests_per_user=1, warmup=0, input_len=1, output_len=2,
-                        timeout_s=1)  # fmt: skip
-    return Served(engine="external", execution="unknown", load=load, slo=Slo(ttft_ms=1, tpot_ms=1), per_level={},
-                  max_users_at_slo=0, failed_requests=0, generator_ceiling=GeneratorCeiling(chunks_per_s=1,
-                  concurrency=1, failed=0), generator_bound=False)  # fmt: skip
+    load = LoadSettings(
+        api="completions", concurrency=[1], requests_per_user=1, warmup=0, input_len=1, output_len=2, timeout_s=1
+    )
+    return Served(
+        engine="external",
+        execution="unknown",
+        load=load,
+        slo=Slo(ttft_ms=1, tpot_ms=1),
+        per_level={},
+        max_users_at_slo=0,
+        failed_requests=0,
+        generator_ceiling=GeneratorCeiling(chunks_per_s=1, concurrency=1, failed=0),
+        generator_bound=False,
+    )
 
 
 def _sized() -> Sized:
@@ -37,9 +46,17 @@ def _sized() -> Sized:
     shape = Shape(layers=2, hidden=128, intermediate=256, heads=2, kv_heads=2, head_dim=64, vocab=512, tied=False)
     f = fit(shape, "bf16", get_gpu("l4"), batch=1, input_len=8, output_len=8, group_size=128)
     return Sized(
-        batch=1, input_len=8, output_len=8, group_size=128, weights_bytes=1e6, weights_from="from config",
-        weights_bytes_from_config=1e6, kv_bytes_per_token=1024, assumptions=Assumptions(), fits=[f],
-    )  # fmt: skip
+        batch=1,
+        input_len=8,
+        output_len=8,
+        group_size=128,
+        weights_bytes=1e6,
+        weights_from="from config",
+        weights_bytes_from_config=1e6,
+        kv_bytes_per_token=1024,
+        assumptions=Assumptions(),
+        fits=[f],
+    )
 
 
 class Work:
@@ -186,6 +203,9 @@ def test_a_stage_reruns_when_code_it_only_reaches_through_an_import_changes(work
     engines.write_text(engines.read_text() + "\n# a change the quantize stage does not run\n")
     assert (stage(Served, served_work), stage(Quantized, quantized)) == ("done", "skipped")
     speed = tree / "eval" / "speed.py"
-    speed.write_text(speed.read_text().replace("return (e2e_s - ttft_s) / (output_tokens - 1)",
-                                               "return (e2e_s - ttft_s) / output_tokens"))  # fmt: skip
+    speed.write_text(
+        speed.read_text().replace(
+            "return (e2e_s - ttft_s) / (output_tokens - 1)", "return (e2e_s - ttft_s) / output_tokens"
+        )
+    )
     assert stage(Served, served_work) == "done" and served.calls == 3  # measured again under the new definition

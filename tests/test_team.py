@@ -30,11 +30,14 @@ from conftest import small_card_text
 PG_BIN = next((p.parent for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
 VENV_BIN = Path(sys.executable).parent
 WHY_NOT = (
-    "needs root (unshare -n, nsenter)" if os.geteuid() != 0
-    else "needs PostgreSQL's server (Debian package postgresql; make test installs it)" if PG_BIN is None
-    else "needs Ray (pip install -e '.[ray]'; make test installs it)" if not (VENV_BIN / "ray").exists()
+    "needs root (unshare -n, nsenter)"
+    if os.geteuid() != 0
+    else "needs PostgreSQL's server (Debian package postgresql; make test installs it)"
+    if PG_BIN is None
+    else "needs Ray (pip install -e '.[ray]'; make test installs it)"
+    if not (VENV_BIN / "ray").exists()
     else None
-)  # fmt: skip
+)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")]
 
 
@@ -88,24 +91,66 @@ def team(tmp_path_factory) -> Iterator[dict]:
             shutil.chown(path, "postgres")
     try:
         init = subprocess.run(
-            _as_postgres([str(PG_BIN / "initdb"), "-D", str(pg / "data"), "-U", "qeval", "-A", "scram-sha-256",
-                          f"--pwfile={pg / 'pw'}"]), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            _as_postgres(
+                [
+                    str(PG_BIN / "initdb"),
+                    "-D",
+                    str(pg / "data"),
+                    "-U",
+                    "qeval",
+                    "-A",
+                    "scram-sha-256",
+                    f"--pwfile={pg / 'pw'}",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert init.returncode == 0, init.stderr
         (pg / "pw").unlink()
         opts = f"-c listen_addresses=127.0.0.1 -p 5432 -k {pg}"
-        start = ns.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(pg / "data"), "-o", opts, "-l",
-                                     str(pg / "server.log"), "-w", "start"]))  # fmt: skip
+        start = ns.run(
+            _as_postgres(
+                [
+                    str(PG_BIN / "pg_ctl"),
+                    "-D",
+                    str(pg / "data"),
+                    "-o",
+                    opts,
+                    "-l",
+                    str(pg / "server.log"),
+                    "-w",
+                    "start",
+                ]
+            )
+        )
         assert start.returncode == 0, start.stderr + start.stdout
-        made = ns.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-U", "qeval", "mlflow"],
-                      env={**os.environ, "PGPASSWORD": password})  # fmt: skip
+        made = ns.run(
+            [str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-U", "qeval", "mlflow"],
+            env={**os.environ, "PGPASSWORD": password},
+        )
         assert made.returncode == 0, made.stderr
 
         store = root / "artifact-store"  # stands in for an object store behind the server
         backend = f"postgresql://qeval:{password}@127.0.0.1:5432/mlflow"
-        server = [str(VENV_BIN / "python"), "-m", "mlflow", "server", "--backend-store-uri", backend,
-                  "--serve-artifacts", "--artifacts-destination", str(store), "--host", "127.0.0.1",
-                  "--port", "5000", "--workers", "1"]  # fmt: skip
+        server = [
+            str(VENV_BIN / "python"),
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            backend,
+            "--serve-artifacts",
+            "--artifacts-destination",
+            str(store),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "5000",
+            "--workers",
+            "1",
+        ]
         procs.append(ns.start(server, root / "mlflow-server.log"))
         uri = "http://127.0.0.1:5000"
         probe = [str(VENV_BIN / "python"), "-c", f"import httpx; httpx.get('{uri}/health').raise_for_status()"]
@@ -118,13 +163,29 @@ def team(tmp_path_factory) -> Iterator[dict]:
 
         worker = root / "worker"  # the Ray node's own artifacts cache
         head = ns.run(
-            [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", "--port=6379", "--num-cpus=2",
-             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={ray_tmp}"],
+            [
+                str(VENV_BIN / "ray"),
+                "start",
+                "--head",
+                "--node-ip-address=127.0.0.1",
+                "--port=6379",
+                "--num-cpus=2",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+                f"--temp-dir={ray_tmp}",
+            ],
             env={**os.environ, "QEVAL_WORKDIR": str(worker), "RAY_USAGE_STATS_ENABLED": "0"},
-        )  # fmt: skip
+        )
         assert head.returncode == 0, head.stderr[-2000:]
-        yield {"ns": ns, "root": root, "uri": uri, "ray": "127.0.0.1:6379", "worker": worker, "store": store,
-               "password": password}  # fmt: skip
+        yield {
+            "ns": ns,
+            "root": root,
+            "uri": uri,
+            "ray": "127.0.0.1:6379",
+            "worker": worker,
+            "store": store,
+            "password": password,
+        }
     finally:
         ns.run([str(VENV_BIN / "ray"), "stop", "--force"], timeout=60)
         for p in procs:
@@ -149,8 +210,13 @@ def _card(folder: Path) -> Path:
 
 
 def _qeval(team: dict, workdir: Path, cards: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "QEVAL_WORKDIR": str(workdir), "QEVAL_CARDS_DIR": str(cards),
-           "MLFLOW_TRACKING_URI": team["uri"], "QEVAL_PROGRESS_S": "10"}  # fmt: skip
+    env = {
+        **os.environ,
+        "QEVAL_WORKDIR": str(workdir),
+        "QEVAL_CARDS_DIR": str(cards),
+        "MLFLOW_TRACKING_URI": team["uri"],
+        "QEVAL_PROGRESS_S": "10",
+    }
     return team["ns"].run([str(VENV_BIN / "qeval"), *args], env=env, cwd=REPO, timeout=timeout)
 
 
@@ -163,8 +229,22 @@ def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team):
     # folder on the node cannot be made) and leaves the others alone, which are gated and reported
     (team["worker"] / "artifacts/ref-small").mkdir(parents=True)
     (team["worker"] / "artifacts/ref-small/fp8").write_text("not a folder")
-    run = _qeval(team, driver, cards, "run", "--model", "ref-small", "--precision", "int8", "--precision", "fp8",
-                 "--skip", "serve", "--ray", team["ray"])  # fmt: skip
+    run = _qeval(
+        team,
+        driver,
+        cards,
+        "run",
+        "--model",
+        "ref-small",
+        "--precision",
+        "int8",
+        "--precision",
+        "fp8",
+        "--skip",
+        "serve",
+        "--ray",
+        team["ray"],
+    )
     (root / "run.log").write_text(run.stderr)  # kept with the test's folder, to read what the user saw
     assert run.returncode == 2, run.stderr[-4000:]
     assert "1 of 3 builds failed on Ray: ref-small@fp8: cannot write artifacts" in run.stderr
@@ -202,14 +282,23 @@ def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team):
     assert (deploy / "model/README.md").read_text().startswith("# ref-small int8: the build qeval ships")
 
     # the database password is in no output, log, param, tag or artifact of qeval's
-    dump = [str(VENV_BIN / "python"), "-c", (
-        "import json; from mlflow.tracking import MlflowClient; c = MlflowClient('" + team["uri"] + "'); "
-        "print(json.dumps([[r.data.params, r.data.tags] for e in c.search_experiments() "
-        "for r in c.search_runs([e.experiment_id], run_view_type=3)]))")]  # fmt: skip
+    dump = [
+        str(VENV_BIN / "python"),
+        "-c",
+        (
+            "import json; from mlflow.tracking import MlflowClient; c = MlflowClient('" + team["uri"] + "'); "
+            "print(json.dumps([[r.data.params, r.data.tags] for e in c.search_experiments() "
+            "for r in c.search_runs([e.experiment_id], run_view_type=3)]))"
+        ),
+    ]
     logged = team["ns"].run(dump)
     assert logged.returncode == 0 and "qeval.precision" in logged.stdout, logged.stderr[-2000:]
     printed = [run.stdout, run.stderr, gate.stdout, gate.stderr, pulled.stdout, pulled.stderr, logged.stdout]
     assert not [t for t in printed if team["password"] in t]
-    written = [f for folder in (team["worker"], driver, gater, deploy, team["store"]) for f in folder.rglob("*")
-               if f.is_file() and team["password"].encode() in f.read_bytes()]  # fmt: skip
+    written = [
+        f
+        for folder in (team["worker"], driver, gater, deploy, team["store"])
+        for f in folder.rglob("*")
+        if f.is_file() and team["password"].encode() in f.read_bytes()
+    ]
     assert written == []

@@ -1,4 +1,4 @@
-"""The tracker protocol (pipelines/core/tracker.py), one set of tests for both trackers: the MLflow one over
+"""The tracker protocol (pipelines/core/framework/tracker.py), one set of tests for both trackers: the MLflow one over
 a real store, and the in-memory one the other tests log to. What one does, the other does."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 from memory_tracker import MemoryTracker
 
 from eval.stats import Verdict, compare
-from pipelines.core.cards import Gate
-from pipelines.core.code import code_version
-from pipelines.core.manifests import Manifest
-from pipelines.core.results import Quantized
-from pipelines.core.tracker import ParamsChanged, Tracker
-from pipelines.core.verdicts import BuildVerdict, Decision, Measured
+from pipelines.core.card.cards import Gate
+from pipelines.core.framework.code import code_version
+from pipelines.core.framework.tracker import ParamsChanged, Tracker
+from pipelines.core.store.manifests import Manifest
+from pipelines.core.store.results import Quantized
+from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from pipelines.tracking.readback import ship_card
 from quant.execution import Execution
 
@@ -30,9 +30,18 @@ def tracker(request, workdir) -> Tracker:
 
 def _manifest(digest: str = "d1", scheme: str = "a") -> Manifest:
     result = Quantized(checkpoint="c", checkpoint_bytes=2_000_000, scheme=scheme)
-    return Manifest[Quantized](model="m", precision="bf16", stage="quantize", inputs={}, inputs_digest=digest,
-                               started="2026-12-01T00:00:00", seconds=1.0, versions={}, code=code_version(),
-                               result=result)  # fmt: skip
+    return Manifest[Quantized](
+        model="m",
+        precision="bf16",
+        stage="quantize",
+        inputs={},
+        inputs_digest=digest,
+        started="2026-12-01T00:00:00",
+        seconds=1.0,
+        versions={},
+        code=code_version(),
+        result=result,
+    )
 
 
 def _stage_folder(tmp_path: Path) -> list[Path]:
@@ -55,8 +64,17 @@ def _decision(policy: Gate) -> Decision:
     m = Measured(100.0, 1.0, 0.5, Execution.NATIVE)
     task = compare("acc", [1.0, 0.0, 1.0], [1.0, 0.0, 1.0], higher_is_better=True)
     build = BuildVerdict(precision="int8", verdict=Verdict.PASS, rules=[], tasks={"t": task}, speed=m, speedup=1.0)
-    return Decision(model="m", decided="2026-12-01T00:00:00", policy=policy, speed_axis="x", baseline=m,
-                    builds=[build], chosen="int8", why="the only one", code=code_version())  # fmt: skip
+    return Decision(
+        model="m",
+        decided="2026-12-01T00:00:00",
+        policy=policy,
+        speed_axis="x",
+        baseline=m,
+        builds=[build],
+        chosen="int8",
+        why="the only one",
+        code=code_version(),
+    )
 
 
 def test_a_build_has_one_current_run_until_a_new_one_supersedes_it(tracker):
@@ -135,19 +153,21 @@ def test_the_shipped_build_is_registered_fetched_and_withdrawn(tracker, tmp_path
 
 
 @pytest.mark.integration
-def test_a_registration_that_dies_leaves_ship_where_it_was_and_a_reader_says_how_to_repair(workdir, tmp_path,
-                                                                                          monkeypatch):  # fmt: skip
+def test_a_registration_that_dies_leaves_ship_where_it_was_and_a_reader_says_how_to_repair(
+    workdir, tmp_path, monkeypatch
+):
     """A gate that died between moving the alias and writing the version's files record left `ship` on a
     version without it, and `pull` named the wrong fix (issue 41): the alias now moves last."""
-    from pipelines.core.errors import QevalError
+    from pipelines.core.system.errors import QevalError
     from pipelines.tracking.mlflow_tracker import MlflowTracker
     from pipelines.tracking.readback import recorded_files
 
     tracker = MlflowTracker("m")
     first_run = tracker.build_run("int8")
     tracker.log_folder(first_run, _checkpoint(tmp_path), "quantize/checkpoint")
-    first = tracker.register_ship(first_run, tracker.artifact_uri(first_run, "quantize/checkpoint"), "first",
-                                  files={"config.json": "a" * 64})  # fmt: skip
+    first = tracker.register_ship(
+        first_run, tracker.artifact_uri(first_run, "quantize/checkpoint"), "first", files={"config.json": "a" * 64}
+    )
     second_run = tracker.build_run("fp8")
     (tmp_path / "second").mkdir()
     tracker.log_folder(second_run, _checkpoint(tmp_path / "second"), "quantize/checkpoint")
@@ -157,8 +177,12 @@ def test_a_registration_that_dies_leaves_ship_where_it_was_and_a_reader_says_how
 
     monkeypatch.setattr(tracker.client, "set_model_version_tag", dies)
     with pytest.raises(RuntimeError, match="killed"):
-        tracker.register_ship(second_run, tracker.artifact_uri(second_run, "quantize/checkpoint"), "second",
-                              files={"config.json": "b" * 64})  # fmt: skip
+        tracker.register_ship(
+            second_run,
+            tracker.artifact_uri(second_run, "quantize/checkpoint"),
+            "second",
+            files={"config.json": "b" * 64},
+        )
     assert tracker.shipped()["version"] == first["version"] and tracker.shipped()["precision"] == "int8"
     monkeypatch.undo()
     # a version registered without its record (as an interrupted gate of an earlier qeval left one)

@@ -1,4 +1,4 @@
-"""The MLflow contract: names from typed results (pure), the README's list of them, and a real store."""
+"""The MLflow contract: names from typed results (pure), the list of them in docs/mlflow.md, and a real store."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from eval.accuracy import AccuracyConfig
 from eval.engine import EngineConfig
 from eval.loadgen import LoadSettings
 from eval.records import AccuracyResult, Metric
-from pipelines.core.errors import QevalError
-from pipelines.core.results import Evaluated, Quantized, VllmSettings
-from pipelines.tracking.mapping import logged
+from pipelines.core.framework.registry import STAGES
+from pipelines.core.store.results import Evaluated, Quantized, StageResult, VllmSettings
+from pipelines.core.system.errors import QevalError
+from pipelines.tracking.mapping import MAPPINGS, logged
 from pipelines.tracking.names import MAX_DESCRIPTION
 from pipelines.tracking.store import redact, tracking_uri
 from pipelines.tracking.tables import (
@@ -38,8 +39,17 @@ def _evaluated(recovery=None) -> Evaluated:
         "arc": [Metric(name="acc", value=0.5, stderr=0.01)],
         "gsm8k": [Metric(name="exact_match", filter="strict-match", value=0.3, stderr=0.02)],
     }
-    accuracy = AccuracyResult(scores=scores, n_samples={}, versions={}, chance={}, datasets={}, backend="hf",
-                              lm_eval_version="x", seconds=1, peak_rss_mb=1)  # fmt: skip
+    accuracy = AccuracyResult(
+        scores=scores,
+        n_samples={},
+        versions={},
+        chance={},
+        datasets={},
+        backend="hf",
+        lm_eval_version="x",
+        seconds=1,
+        peak_rss_mb=1,
+    )
     config = AccuracyConfig(checkpoint="c", tasks=["ppl"], num_fewshot=0, batch_size=8, seed=1, softmax_dtype="float64")
     return Evaluated(config=config, accuracy=accuracy, task_data_sha256=None, recovery=recovery)
 
@@ -60,6 +70,17 @@ def test_evaluate_names_follow_the_contract():
     assert out.params["eval.backend"] == "hf" and out.params["eval.limit"] == "None"
 
 
+def test_every_stage_has_its_mlflow_mapping():
+    """A stage added to the registry without saying what its result logs fails here, not at a run's end."""
+    assert {s.result for s in STAGES.values()} == set(MAPPINGS)
+
+    class Unmapped(StageResult):
+        STAGE = "unmapped"
+
+    with pytest.raises(TypeError, match="no MLflow mapping for Unmapped"):
+        logged(Unmapped())
+
+
 def test_every_setting_of_a_stage_is_a_param_or_said_not_to_be_one():
     for config, tables in (
         (QuantizeConfig, [QUANTIZE_SETTINGS]),
@@ -74,7 +95,7 @@ def test_every_setting_of_a_stage_is_a_param_or_said_not_to_be_one():
 
 
 def test_the_scheme_says_the_cards_group_size():
-    from pipelines.core.cards import load_card
+    from pipelines.core.card.cards import load_card
     from quant.precisions import get_precision
 
     cfg = QuantizeConfig(base="b", precision="gptq", group_size=64, ignore=list(IGNORE))
@@ -89,11 +110,12 @@ def test_the_scheme_says_the_cards_group_size():
     assert load_card("ref-lm").quantization.group_size == 128
 
 
-def _readme_names() -> set[str]:
-    """Backticked MLflow names in the README's "MLflow layout" section; `a_p50|p90` lists siblings."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("### MLflow layout") :]
-    section = section[: section.index("\n## ")]
+def _layout_names() -> set[str]:
+    """Backticked MLflow names in docs/mlflow.md's "MLflow layout" section; `a_p50|p90` lists siblings."""
+    text = (REPO / "docs/mlflow.md").read_text()
+    section = text[text.index("## MLflow layout\n") :]
+    end = section.find("\n## ", 1)  # the next section, if the layout is not the page's last
+    section = section if end < 0 else section[:end]
     names = set()
     for token in re.findall(r"`([^`\s]+)`", section):
         first, *more = token.split("|")
@@ -102,13 +124,13 @@ def _readme_names() -> set[str]:
     return names
 
 
-def test_the_readme_lists_every_name_and_no_other():
+def test_the_mlflow_layout_lists_every_name_and_no_other():
     ours = {n for names in NAMES.values() for n in names}
-    shown = _readme_names()
+    shown = _layout_names()
     prefixes = r"(eval|recovery|quant|size|engine|mem|server|shape|gate|cost|qeval)[/.]"
     name_like = {n for n in shown if re.match(prefixes, n) and not re.search(r"\.(json|csv|png|md|log|yaml)$", n)}
-    assert ours - shown == set(), "in pipelines/tracking/tables.py (NAMES), not in README's MLflow layout"
-    assert name_like - ours == set(), "in README's MLflow layout, not in pipelines/tracking/tables.py (NAMES)"
+    assert ours - shown == set(), "in pipelines/tracking/tables.py (NAMES), not in docs/mlflow.md's MLflow layout"
+    assert name_like - ours == set(), "in docs/mlflow.md's MLflow layout, not in pipelines/tracking/tables.py (NAMES)"
     assert {"qeval.stage.<stage>", "qeval.gate.verdict"} <= shown
 
 

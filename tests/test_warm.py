@@ -1,4 +1,4 @@
-"""The warm Python (pipelines/core/warm.py): each job a fresh fork of a Python that imported its libraries
+"""The warm Python (pipelines/core/system/warm.py): each job a fresh fork of a Python that imported its libraries
 once, reporting as a fresh child does (result, one-line error, death, interrupt), nothing left behind."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from helpers import REPO
 from warm_jobs import Job, job
 
-from pipelines.core import warm
-from pipelines.core.child import ChildFailed, run_child
+from pipelines.core.system import warm
+from pipelines.core.system.child import ChildFailed, run_child
 
 pytestmark = pytest.mark.integration
 ENV = {"PYTHONPATH": str(REPO / "tests")}  # the child imports warm_jobs by name, as the test does

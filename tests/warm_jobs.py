@@ -1,4 +1,4 @@
-"""Jobs for tests/test_warm.py: what a child runs (pipelines/core/child.py), light enough to start in a blink."""
+"""Jobs for tests/test_warm.py: what a child runs (pipelines/core/system/child.py), light enough to start in a blink."""
 
 from __future__ import annotations
 

@@ -1,7 +1,12 @@
-"""What every stage, the gate and the report stand on: model cards, where things live on disk, the typed
-results the stages hand each other, the stage registry and framework, child processes, files, progress.
+"""What every stage, the gate and the report stand on, in four rooms, each importing only from the rooms
+below it (tests/test_architecture.py holds them to it):
 
-It imports from eval/ and quant/ and from itself, never from the packages beside it (stages, decision,
+- framework/: the stage registry and runner, code identity, the tracker protocol, a build's weights;
+- store/: the on-disk layout, the typed results, manifests, the gate's decision types;
+- card/: the model card, its errors, the gate's policy values, the traffic it states;
+- system/: errors, paths, files, integrity, the network probe, processes, logging, progress, the device.
+
+core/ imports from eval/ and quant/ and from itself, never from the packages beside it (stages, decision,
 tracking, present) or the command line. The tracker the framework logs through is a protocol defined here
-(tracker.py) and implemented in pipelines/tracking/.
+(framework/tracker.py) and implemented in pipelines/tracking/.
 """

@@ -27,15 +27,15 @@ from pathlib import Path
 
 from eval.paired import Scored
 from eval.stats import Comparison, Verdict
-from pipelines.core.cards import ModelCard
-from pipelines.core.code import code_version
-from pipelines.core.errors import QevalError
-from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
-from pipelines.core.manifests import result_of
-from pipelines.core.results import Evaluated, Quantized
-from pipelines.core.tracker import Tracker
-from pipelines.core.verdicts import BuildVerdict, Decision, Measured, Rule, write_decision
-from pipelines.core.weights import checkpoint_for
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.code import code_version
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.framework.weights import checkpoint_for
+from pipelines.core.store.layout import CHECKPOINT_DIR, stage_dir
+from pipelines.core.store.manifests import result_of
+from pipelines.core.store.results import Evaluated, Quantized
+from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured, Rule, write_decision
+from pipelines.core.system.errors import QevalError
 from pipelines.decision.inputs import fits, generations, measured, not_scored, paired_with, task_comparisons
 from pipelines.decision.policy import (
     choose,
@@ -85,9 +85,16 @@ def judge(
     if policy.must_fit:
         rules.append(fit_rule(fits(card, precision)))
     return BuildVerdict(
-        precision=precision, verdict=combine([r.verdict for r in rules]), rules=rules, tasks=tasks, speed=build,
-        speedup=up, vs_ship=vs_ship, generation=generated, not_scored=unscored,
-    )  # fmt: skip
+        precision=precision,
+        verdict=combine([r.verdict for r in rules]),
+        rules=rules,
+        tasks=tasks,
+        speed=build,
+        speedup=up,
+        vs_ship=vs_ship,
+        generation=generated,
+        not_scored=unscored,
+    )
 
 
 def decide(card: ModelCard, shipped: Shipped | None = None, against: dict[str, str] | None = None) -> Decision:
@@ -175,8 +182,13 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
     elif (now := tracker.shipped()) is not None and now["precision"] not in card.precisions:
         # a gate of some builds un-ships only a build it judged
         kept = now["precision"] or f"version {now['version']}"
-        log.warning("%s: nothing of %s ships (%s); %s still ships, not judged here", card.name,
-                    ", ".join(card.precisions), decision.why, kept)  # fmt: skip
+        log.warning(
+            "%s: nothing of %s ships (%s); %s still ships, not judged here",
+            card.name,
+            ", ".join(card.precisions),
+            decision.why,
+            kept,
+        )
     else:
         tracker.clear_ship()
         log.warning("%s: nothing ships: %s", card.name, decision.why)

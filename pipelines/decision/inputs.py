@@ -10,13 +10,13 @@ from eval.paired import Generation, Scored, generation, paired
 from eval.serving import LevelMetrics
 from eval.sizing import Fit
 from eval.stats import Comparison
-from pipelines.core.cards import ModelCard
-from pipelines.core.errors import QevalError
-from pipelines.core.layout import stage_dir
-from pipelines.core.manifests import result_of
-from pipelines.core.registry import require
-from pipelines.core.results import Benched, Evaluated, Served, Sized
-from pipelines.core.verdicts import Measured
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.registry import require
+from pipelines.core.store.layout import stage_dir
+from pipelines.core.store.manifests import result_of
+from pipelines.core.store.results import Benched, Evaluated, Served, Sized
+from pipelines.core.store.verdicts import Measured
+from pipelines.core.system.errors import QevalError
 from pipelines.present import capacity
 
 
@@ -59,8 +59,9 @@ def _served(card: ModelCard, precision: str) -> Served | None:
 def _level(card: ModelCard, precision: str, served: Served) -> LevelMetrics:
     level = served.per_level.get(card.judged_users)
     if level is None:
-        raise QevalError(f"gate: {card.name}@{precision} serve has no level at {card.judged_users} users; "
-                         f"rerun qeval serve")  # fmt: skip
+        raise QevalError(
+            f"gate: {card.name}@{precision} serve has no level at {card.judged_users} users; rerun qeval serve"
+        )
     return level
 
 
@@ -74,8 +75,10 @@ def fits(card: ModelCard, precision: str) -> list[Fit]:
         card.speed.input_len,
         card.speed.output_len,
     ):
-        raise QevalError(f"gate: {card.name}@{precision} was sized for other GPUs or another grid; rerun: "
-                         f"qeval size --log --model {card.name} --precision {precision}")  # fmt: skip
+        raise QevalError(
+            f"gate: {card.name}@{precision} was sized for other GPUs or another grid; rerun: "
+            f"qeval size --log --model {card.name} --precision {precision}"
+        )
     return [projected[g] for g in card.gate.must_fit]
 
 
@@ -103,8 +106,15 @@ def paired_with(
     gate, out = card.gate, {}
     for task in scored_tasks(card, done, other[1]):
         try:
-            out[task] = paired(task, other[0], build, threshold=gate.threshold(task), bootstrap=gate.bootstrap,
-                               metric=gate.task_metric.get(task), control=gate.controls.get(task))  # fmt: skip
+            out[task] = paired(
+                task,
+                other[0],
+                build,
+                threshold=gate.threshold(task),
+                bootstrap=gate.bootstrap,
+                metric=gate.task_metric.get(task),
+                control=gate.controls.get(task),
+            )
         except FileNotFoundError as e:
             raise QevalError(f"gate: {e}; rerun: qeval evaluate --force") from None
         except KeyError:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from eval import speed as speed_math
 from eval.sizing import Fit
 from eval.stats import Comparison, LengthBand, Verdict
-from pipelines.core.cards import Gate, ModelCard
-from pipelines.core.verdicts import BuildVerdict, Measured, Rule
+from pipelines.core.card.cards import Gate, ModelCard
+from pipelines.core.store.verdicts import BuildVerdict, Measured, Rule
 from quant.execution import Execution
 
 
@@ -43,8 +43,10 @@ def task_rule(task: str, c: Comparison) -> Rule:
 def length_rule(policy: Gate, task: str, length: LengthBand) -> Rule:
     """A generative task's output length against the baseline's, within the policy's band."""
     est, lo, hi = length.ratio
-    text = (f"{task}: output length {est:.3f}x the baseline's [{lo:.3f}, {hi:.3f}] "
-            f"({length.build:.3g} vs {length.baseline:.3g} tokens per document)")  # fmt: skip
+    text = (
+        f"{task}: output length {est:.3f}x the baseline's [{lo:.3f}, {hi:.3f}] "
+        f"({length.build:.3g} vs {length.baseline:.3g} tokens per document)"
+    )
     name = f"{task} length"
     if policy.max_length_change is None:
         return Rule(name, Verdict.NOT_GATED, f"{text}: not gated (max_length_change: null)")

@@ -16,13 +16,13 @@ import eval.capacity as capacity
 import eval.gpus as gpus
 from eval.serving import LevelMetrics, speedups
 from eval.sizing import Shape
-from pipelines.core.cards import ModelCard, Scenario, Slo
-from pipelines.core.errors import QevalError
-from pipelines.core.manifests import result_of
-from pipelines.core.results import AtShape, Served, Sized
-from pipelines.core.traffic import CPU
-from pipelines.core.verdicts import CostFigure, Decision
-from pipelines.core.weights import architecture
+from pipelines.core.card.cards import ModelCard, Scenario, Slo
+from pipelines.core.card.traffic import CPU
+from pipelines.core.framework.weights import architecture
+from pipelines.core.store.manifests import result_of
+from pipelines.core.store.results import AtShape, Served, Sized
+from pipelines.core.store.verdicts import CostFigure, Decision
+from pipelines.core.system.errors import QevalError
 from pipelines.present import formats
 
 
@@ -117,9 +117,17 @@ def cells_of(card: ModelCard, precision: str) -> tuple[dict[str, Cell], dict[int
         for fit in sized.fits:
             if fit.gpu in cells:
                 continue
-            got = capacity.project(shape, precision, gpus.get_gpu(fit.gpu), weights=sized.weights_bytes,
-                                   input_len=sc.input_len, output_len=sc.output_len, ttft_ms=slo.ttft_ms,
-                                   tpot_ms=slo.tpot_ms, a=a)  # fmt: skip
+            got = capacity.project(
+                shape,
+                precision,
+                gpus.get_gpu(fit.gpu),
+                weights=sized.weights_bytes,
+                input_len=sc.input_len,
+                output_len=sc.output_len,
+                ttft_ms=slo.ttft_ms,
+                tpot_ms=slo.tpot_ms,
+                a=a,
+            )
             cells[fit.gpu] = _cell(card, fit.gpu, got[0] if got else None)
     return cells, levels
 
@@ -134,9 +142,15 @@ def cost_figure(card: ModelCard, precision: str) -> CostFigure | None:
         return None
     c, per = cell.cost, cell.per
     users = per.users if per else 0
-    return CostFigure(device=cell.device, measured=bool(per and per.measured), users_per_instance=users,
-                      devices=c.devices, usd_per_hour=c.usd_per_hour, usd_per_mtok=c.usd_per_mtok,
-                      why=c.why)  # fmt: skip
+    return CostFigure(
+        device=cell.device,
+        measured=bool(per and per.measured),
+        users_per_instance=users,
+        devices=c.devices,
+        usd_per_hour=c.usd_per_hour,
+        usd_per_mtok=c.usd_per_mtok,
+        why=c.why,
+    )
 
 
 def table(card: ModelCard, decision: Decision | None = None) -> Table | None:
@@ -191,8 +205,10 @@ def cell_text(cell: Cell) -> str:
     if c.usd_per_hour is None:
         hours = f"{c.devices} device-hour{'s' if c.devices > 1 else ''} per hour"
         return f"{what} ({users}; {hours}, no price in the card; {where})"
-    return (f"{what} ({users}): {_usd(c.usd_per_hour)}/h, {_usd(c.usd_per_mtok)} per 1M output tokens, "
-            f"{_usd(1000 * c.usd_per_request)} per 1,000 requests ({where})")  # fmt: skip
+    return (
+        f"{what} ({users}): {_usd(c.usd_per_hour)}/h, {_usd(c.usd_per_mtok)} per 1M output tokens, "
+        f"{_usd(1000 * c.usd_per_request)} per 1,000 requests ({where})"
+    )
 
 
 def section(card: ModelCard, tab: Table | None) -> list[str]:
@@ -201,35 +217,59 @@ def section(card: ModelCard, tab: Table | None) -> list[str]:
         return []
     slo = tab.slo
     lines = [
-        "", f"## Capacity and cost: {tab.load}, scenario {tab.scenario} ({tab.lengths[0]} tokens in, "
-        f"{tab.lengths[1]} out)", "",
+        "",
+        f"## Capacity and cost: {tab.load}, scenario {tab.scenario} ({tab.lengths[0]} tokens in, {tab.lengths[1]} out)",
+        "",
         f"Devices the traffic needs with every user within the objective (TTFT p95 <= {slo.ttft_ms:g} ms, TPOT "
         f"p95 <= {slo.tpot_ms:g} ms); $ per million output tokens and per 1,000 requests at one instance's "
         "highest-throughput load within it. Measured cells come from a sweep on that device; projected ones "
         "from the model's bytes and FLOPs (eval/capacity.py: "
         f"{card.traffic.projected_mbu:.0%} of peak bandwidth, {card.traffic.projected_mfu:.0%} of peak FLOP/s, "
-        "one prompt's prefill as TTFT, no queueing).", "",
+        "one prompt's prefill as TTFT, no queueing).",
+        "",
         "| build | verdict | worst recovery | " + " | ".join(tab.devices) + " | crossover |",
         "|---|---|---|" + "---|" * len(tab.devices) + "---|",
-    ]  # fmt: skip
+    ]
     for r in tab.rows:
         cells = [cell_text(r.cells[d]) if d in r.cells else "-" for d in tab.devices]
-        lines.append(f"| {r.precision} | {r.verdict or '-'} | {r.worst or '-'} | " + " | ".join(cells)
-                     + f" | {r.crossover} |")  # fmt: skip
+        lines.append(
+            f"| {r.precision} | {r.verdict or '-'} | {r.worst or '-'} | " + " | ".join(cells) + f" | {r.crossover} |"
+        )
     hows = {(d, c.per.how) for r in tab.rows for d, c in r.cells.items() if c.per is not None}
     return [*lines, "", *(f"- {d}: {how}" for d in tab.devices for how in sorted({h for e, h in hows if e == d}))]
 
 
 def columns(tab: Table) -> dict[str, list]:
     """The table as columns for MLflow's log_table: one row per build and device."""
-    cols: dict[str, list] = {k: [] for k in ("build", "device", "source", "users_per_instance", "devices",
-                                              "usd_per_hour", "usd_per_mtok", "usd_per_request", "why")}  # fmt: skip
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "build",
+            "device",
+            "source",
+            "users_per_instance",
+            "devices",
+            "usd_per_hour",
+            "usd_per_mtok",
+            "usd_per_request",
+            "why",
+        )
+    }
     for r in tab.rows:
         for d, cell in r.cells.items():
             c, per = cell.cost, cell.per
             source = "measured" if per and per.measured else "projected"
-            values = (r.precision, d, source, per.users if per else 0, c.devices, c.usd_per_hour, c.usd_per_mtok,
-                      c.usd_per_request, c.why)  # fmt: skip
+            values = (
+                r.precision,
+                d,
+                source,
+                per.users if per else 0,
+                c.devices,
+                c.usd_per_hour,
+                c.usd_per_mtok,
+                c.usd_per_request,
+                c.why,
+            )
             for k, v in zip(cols, values, strict=True):
                 cols[k].append(v)
     return cols

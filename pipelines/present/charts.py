@@ -14,10 +14,10 @@ from matplotlib.lines import Line2D
 
 from eval.serving import speedups
 from eval.stats import Verdict
-from pipelines.core.cards import ModelCard
-from pipelines.core.manifests import result_of
-from pipelines.core.results import Benched, ScenarioSweep, Served
-from pipelines.core.verdicts import Decision, Measured
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.store.manifests import result_of
+from pipelines.core.store.results import Benched, ScenarioSweep, Served
+from pipelines.core.store.verdicts import Decision, Measured
 from pipelines.present import formats
 
 _GREY = "#555555"
@@ -46,8 +46,16 @@ def _points(decision: Decision) -> list[tuple[str, str, Measured, tuple[float, f
 
 def _marker(ax, x: float, y: float, precision: str, verdict: str, emulated: bool, size: float = 9) -> None:
     colour = formats.precision_colour(precision)
-    ax.plot([x], [y], formats.VERDICT_MARKERS.get(verdict, "o"), ms=size, mew=2, color=colour,
-            markerfacecolor="white" if emulated else colour, zorder=4)  # fmt: skip
+    ax.plot(
+        [x],
+        [y],
+        formats.VERDICT_MARKERS.get(verdict, "o"),
+        ms=size,
+        mew=2,
+        color=colour,
+        markerfacecolor="white" if emulated else colour,
+        zorder=4,
+    )
 
 
 def _verdict_handles(decision: Decision) -> list[Line2D]:
@@ -82,23 +90,48 @@ def quality_against(card: ModelCard, decision: Decision, axis: str, how: str):
     for i, (precision, verdict, m, (rec, lo, hi)) in enumerate(sorted(rows, key=lambda r: xs[r[0]])):
         x, emulated = xs[precision], formats.emulated(m.execution)
         colour = formats.precision_colour(precision)
-        ax.errorbar([x], [rec], yerr=[[rec - lo], [hi - rec]], fmt="none", ecolor=colour, elinewidth=1.2,
-                    capsize=4, alpha=0.8, zorder=3)  # fmt: skip
+        ax.errorbar(
+            [x],
+            [rec],
+            yerr=[[rec - lo], [hi - rec]],
+            fmt="none",
+            ecolor=colour,
+            elinewidth=1.2,
+            capsize=4,
+            alpha=0.8,
+            zorder=3,
+        )
         _marker(ax, x, rec, precision, verdict, emulated)
         ships = precision == decision.chosen
         if ships:
             ax.plot([x], [rec], "o", ms=22, markerfacecolor="none", markeredgecolor="black", mew=1.5, zorder=5)
         # labels alternate right-up and right-down by x order, so that neighbours do not collide
         label = precision + (" SHIPS" if ships else "")
-        ax.annotate(label, (x, rec), textcoords="offset points", xytext=(12, 10 if i % 2 == 0 else -16),
-                    fontsize=9, color=colour, fontweight="bold" if ships else "normal", zorder=6)  # fmt: skip
+        ax.annotate(
+            label,
+            (x, rec),
+            textcoords="offset points",
+            xytext=(12, 10 if i % 2 == 0 else -16),
+            fontsize=9,
+            color=colour,
+            fontweight="bold" if ships else "normal",
+            zorder=6,
+        )
     if axis == "speed":  # higher is better on both axes: the builds nothing beats on both
         front = sorted((xs[p], r[0]) for p, _, _, r in rows if p in pareto([(p, xs[p], r[0]) for p, _, _, r in rows]))
-        ax.plot([x for x, _ in front], [y for _, y in front], "--", color="#999999", lw=1, zorder=1,
-                label="Pareto frontier")  # fmt: skip
+        ax.plot(
+            [x for x, _ in front], [y for _, y in front], "--", color="#999999", lw=1, zorder=1, label="Pareto frontier"
+        )
     ax.axhline(policy.min_recovery, color=_GREY, lw=0.8, ls=":")
-    ax.annotate(f"min recovery {policy.min_recovery:g}", (0, policy.min_recovery), xycoords=("axes fraction", "data"),
-                xytext=(4, -11), textcoords="offset points", fontsize=8, color=_GREY)  # fmt: skip
+    ax.annotate(
+        f"min recovery {policy.min_recovery:g}",
+        (0, policy.min_recovery),
+        xycoords=("axes fraction", "data"),
+        xytext=(4, -11),
+        textcoords="offset points",
+        fontsize=8,
+        color=_GREY,
+    )
     deciding = (axis == "weights") == (policy.prefer == "memory")
     if axis == "weights":
         ax.set_xlabel("weights, MB (checkpoint's linear and embedding tensors)")
@@ -126,14 +159,30 @@ def cost_against_quality(card: ModelCard, decision: Decision, points: list[tuple
     for i, (precision, device, usd, was_measured) in enumerate(sorted(points, key=lambda t: t[2])):
         verdict, (rec, lo, hi) = verdicts[precision]
         colour = formats.precision_colour(precision)
-        ax.errorbar([usd], [rec], yerr=[[rec - lo], [hi - rec]], fmt="none", ecolor=colour, elinewidth=1.0,
-                    capsize=3, alpha=0.7, zorder=3)  # fmt: skip
+        ax.errorbar(
+            [usd],
+            [rec],
+            yerr=[[rec - lo], [hi - rec]],
+            fmt="none",
+            ecolor=colour,
+            elinewidth=1.0,
+            capsize=3,
+            alpha=0.7,
+            zorder=3,
+        )
         _marker(ax, usd, rec, precision, verdict, emulated=not was_measured)
         ships = precision == decision.chosen
         if ships:
             ax.plot([usd], [rec], "o", ms=22, markerfacecolor="none", markeredgecolor="black", mew=1.5, zorder=5)
-        ax.annotate(f"{precision} on {device}" + (" SHIPS" if ships else ""), (usd, rec), textcoords="offset points",
-                    xytext=(10, 9 if i % 2 == 0 else -15), fontsize=8, color=colour, zorder=6)  # fmt: skip
+        ax.annotate(
+            f"{precision} on {device}" + (" SHIPS" if ships else ""),
+            (usd, rec),
+            textcoords="offset points",
+            xytext=(10, 9 if i % 2 == 0 else -15),
+            fontsize=8,
+            color=colour,
+            zorder=6,
+        )
     ax.axhline(decision.policy.min_recovery, color=_GREY, lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("$ per million output tokens (card's prices), at one instance's best load within the objective")
@@ -160,8 +209,13 @@ def _line(ax, precision: str, points: list[tuple[int, float | None]], emulated: 
     pts = [(x, y) for x, y in points if y is not None]
     if pts:
         label = precision + (" (emulated)" if emulated else "")
-        ax.plot([x for x, _ in pts], [y for _, y in pts], "o--" if emulated else "o-",
-                color=formats.precision_colour(precision), label=label)  # fmt: skip
+        ax.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            "o--" if emulated else "o-",
+            color=formats.precision_colour(precision),
+            label=label,
+        )
 
 
 def _steps(ax, steps: list[int], label: str) -> None:
@@ -196,8 +250,9 @@ def speed_against_batch(card: ModelCard, how: str):
             _line(ax, precision, [(p.batch, getattr(p, figure)) for p in bench.main_points()], emulated)
     left.set_ylabel("decode tokens/s, all users")
     right.set_ylabel("time to first token, ms (median)")
-    return _finish(fig, (left, right), card.speed.batch_sizes, "batch size",
-                   f"{card.name}: engine bench against batch size\n{how}")  # fmt: skip
+    return _finish(
+        fig, (left, right), card.speed.batch_sizes, "batch size", f"{card.name}: engine bench against batch size\n{how}"
+    )
 
 
 def latency_against_users(card: ModelCard, how: str):
@@ -213,8 +268,14 @@ def latency_against_users(card: ModelCard, how: str):
             _line(ax, precision, points, formats.emulated(served.execution))
     for ax, limit, name in ((left, slo.ttft_ms, "TTFT"), (right, slo.tpot_ms, "TPOT")):
         ax.axhline(limit, color="black", lw=1, ls=":")
-        ax.annotate(f"objective: {name} p95 <= {limit:g} ms", (0, limit), xycoords=("axes fraction", "data"),
-                    xytext=(4, 4), textcoords="offset points", fontsize=8)  # fmt: skip
+        ax.annotate(
+            f"objective: {name} p95 <= {limit:g} ms",
+            (0, limit),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 4),
+            textcoords="offset points",
+            fontsize=8,
+        )
         ax.set_ylabel(f"{name} p95, ms")
         _steps(ax, card.speed.concurrency, "concurrent users")
     left.legend(fontsize=8)
@@ -267,8 +328,14 @@ def memory(card: ModelCard, decision: Decision):
             value = row[k]
             if value is None:
                 continue
-            ax.barh(y + (k - 2) * height, value, height=height, color=formats.precision_colour(row[0]), alpha=alpha,
-                    label=name if y == 0 else None)  # fmt: skip
+            ax.barh(
+                y + (k - 2) * height,
+                value,
+                height=height,
+                color=formats.precision_colour(row[0]),
+                alpha=alpha,
+                label=name if y == 0 else None,
+            )
             ax.text(value, y + (k - 2) * height, f" {name} {formats.size(value / 1e3)}", va="center", fontsize=7.5)
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])
     ax.set_xscale("log")
@@ -276,8 +343,15 @@ def memory(card: ModelCard, decision: Decision):
     budget = decision.policy.memory_budget_gb
     if budget:
         ax.axvline(budget * 1e3, color="black", ls=":", lw=1)
-        ax.annotate(f"budget {formats.size(budget)} (peak)", (budget * 1e3, 1), xycoords=("data", "axes fraction"),
-                    xytext=(-4, -12), textcoords="offset points", ha="right", fontsize=8)  # fmt: skip
+        ax.annotate(
+            f"budget {formats.size(budget)} (peak)",
+            (budget * 1e3, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(-4, -12),
+            textcoords="offset points",
+            ha="right",
+            fontsize=8,
+        )
     right = max([budget * 1e3 if budget else 0] + [v for r in rows for v in r[1:4] if v])
     ax.set_xlim(right=right * 4)
     ax.invert_yaxis()
@@ -297,16 +371,26 @@ def agreement(card: ModelCard, decision: Decision, task: str):
     steps = range(max([1] + [p + 1 for _, g in found for p in g.departures.positions if p is not None]) + 1)
     for precision, g in found:
         positions, n = g.departures.positions, len(g.departures.positions)
-        ax.step(list(steps), [sum(p is None or p > t for p in positions) / n for t in steps], where="post",
-                color=formats.precision_colour(precision), label=f"{precision} ({g.departures.text()})")  # fmt: skip
+        ax.step(
+            list(steps),
+            [sum(p is None or p > t for p in positions) / n for t in steps],
+            where="post",
+            color=formats.precision_colour(precision),
+            label=f"{precision} ({g.departures.text()})",
+        )
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("generated token")
     ax.set_ylabel(f"share of outputs still equal to {decision.policy.baseline}'s")
     ax.set_title(f"{card.name} {task}: where greedy outputs depart from the baseline's", fontsize=11)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="lower left")
-    fig.text(0.01, 0.01, "greedy decoding, offline (transformers), the same documents for every build; tokens by "
-             "the model's tokenizer", fontsize=8, color=_GREY)  # fmt: skip
+    fig.text(
+        0.01,
+        0.01,
+        "greedy decoding, offline (transformers), the same documents for every build; tokens by the model's tokenizer",
+        fontsize=8,
+        color=_GREY,
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 

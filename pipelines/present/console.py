@@ -8,9 +8,9 @@ from rich.table import Table
 
 from eval.sizing import Assumptions, Fit
 from eval.stats import Verdict
-from pipelines.core import progress
-from pipelines.core.manifests import StageRecord
-from pipelines.core.verdicts import Decision
+from pipelines.core.store.manifests import StageRecord
+from pipelines.core.store.verdicts import Decision
+from pipelines.core.system import progress
 from pipelines.present.tables import fit_cells
 
 _VERDICT_COLOUR = {Verdict.PASS: "green", Verdict.FAIL: "red"}
@@ -29,15 +29,20 @@ def builds(rows: list[StageRecord], decision: Decision | None) -> Table:
     """`qeval run`'s closing table: one row per build, each stage's time (or "cached"), the verdict (none
     where only the speed half ran)."""
     stages = list(dict.fromkeys(r.stage for r in rows))
-    verdicts = {b.precision: b.verdict + (", ships" if b.precision == decision.chosen else "")
-                for b in (decision.builds if decision else [])}  # fmt: skip
+    verdicts = {
+        b.precision: b.verdict + (", ships" if b.precision == decision.chosen else "")
+        for b in (decision.builds if decision else [])
+    }
     model = rows[0].model if rows else (decision.model if decision else "")
     table = Table(title=f"{model}: stages per build (time, or cached when inputs were unchanged)")
     for col in ("build", *stages, "verdict"):
         table.add_column(col)
     for precision in dict.fromkeys(r.precision for r in rows):
-        cells = {r.stage: progress.duration(r.seconds) if r.status == "done" else "cached" for r in rows
-                 if r.precision == precision}  # fmt: skip
+        cells = {
+            r.stage: progress.duration(r.seconds) if r.status == "done" else "cached"
+            for r in rows
+            if r.precision == precision
+        }
         verdict = verdicts.get(precision, "baseline" if decision else "not gated (speed half)")
         table.add_row(precision, *(cells.get(st, "") for st in stages), verdict)
     return table

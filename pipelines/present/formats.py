@@ -11,7 +11,7 @@ import re
 
 from eval.serving import crossovers
 from eval.stats import Verdict
-from pipelines.core.verdicts import BuildVerdict, Decision, Measured
+from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from quant.execution import Execution
 from quant.precisions import PRECISIONS
 
@@ -19,8 +19,13 @@ _BY_NAME = {"bf16": "#555555", "fp8": "#E69F00", "int8": "#0072B2", "awq": "#009
 _SPARE = ["#D55E00", "#56B4E9", "#F0E442", "#000000"]
 
 # matplotlib markers: a filled circle passes, a square is undecided, a cross fails, a diamond is the baseline
-VERDICT_MARKERS = {Verdict.PASS: "o", Verdict.INCONCLUSIVE: "s", Verdict.FAIL: "X", Verdict.NOT_GATED: "o",
-                   Verdict.BASELINE: "D"}  # fmt: skip
+VERDICT_MARKERS = {
+    Verdict.PASS: "o",
+    Verdict.INCONCLUSIVE: "s",
+    Verdict.FAIL: "X",
+    Verdict.NOT_GATED: "o",
+    Verdict.BASELINE: "D",
+}
 
 
 def precision_colour(precision: str) -> str:

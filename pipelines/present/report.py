@@ -13,13 +13,13 @@ import io
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipelines.core.cards import ModelCard
-from pipelines.core.files import atomic_write
-from pipelines.core.manifests import result_of
-from pipelines.core.paths import reports_dir
-from pipelines.core.results import Benched, Served
-from pipelines.core.tracker import Tracker
-from pipelines.core.verdicts import Decision
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.store.manifests import result_of
+from pipelines.core.store.results import Benched, Served
+from pipelines.core.store.verdicts import Decision
+from pipelines.core.system.files import atomic_write
+from pipelines.core.system.paths import reports_dir
 from pipelines.present import capacity, charts, formats, shapes, shipcard
 from pipelines.present.tables import (
     documents_section,
@@ -73,8 +73,9 @@ def _how_served(card: ModelCard) -> str:
     )
 
 
-def markdown(card: ModelCard, decision: Decision, cols: dict[str, list], charts: list[str],
-             tab: capacity.Table | None = None) -> str:  # fmt: skip
+def markdown(
+    card: ModelCard, decision: Decision, cols: dict[str, list], charts: list[str], tab: capacity.Table | None = None
+) -> str:
     names = list(cols)
     lines = [
         f"# {card.name}: which build ships",
@@ -180,8 +181,11 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
 def _cost_points(tab: capacity.Table) -> list[tuple[str, str, float, bool]]:
     """(precision, device, $ per million output tokens, measured) for every priced cell of the capacity table."""
     cells = [(r.precision, c) for r in tab.rows for c in r.cells.values()]
-    return [(p, c.device, c.cost.usd_per_mtok, bool(c.per and c.per.measured)) for p, c in cells
-            if c.cost.usd_per_mtok is not None]  # fmt: skip
+    return [
+        (p, c.device, c.cost.usd_per_mtok, bool(c.per and c.per.measured))
+        for p, c in cells
+        if c.cost.usd_per_mtok is not None
+    ]
 
 
 def _capacity_table(tab: capacity.Table | None, when: str) -> dict[str, dict[str, list]]:
@@ -193,8 +197,9 @@ def _capacity_table(tab: capacity.Table | None, when: str) -> dict[str, dict[str
     return {"capacity_table.json": {"logged": [when] * len(cols["build"]), **cols}}
 
 
-def _publish(out: Path, figures: dict, text: str, tables: dict, tracker: Tracker,
-             more: list[Path] | None = None) -> list[Path]:  # fmt: skip
+def _publish(
+    out: Path, figures: dict, text: str, tables: dict, tracker: Tracker, more: list[Path] | None = None
+) -> list[Path]:
     """The charts and report.md (and `more` files written) in `out`, logged to the model's summary run; the
     files written."""
     for name, fig in figures.items():
@@ -213,10 +218,11 @@ def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
     shaped = shapes.results(card)
     emulated = {p for p, r in shaped.items() if formats.emulated(r.execution)}
     figures = {
-        f"speed_at_shape-{name}.png": charts.shape_speed(card, name, shapes.at(shaped, name), emulated,
-                                                          shapes.how(shaped))
+        f"speed_at_shape-{name}.png": charts.shape_speed(
+            card, name, shapes.at(shaped, name), emulated, shapes.how(shaped)
+        )
         for name in shapes.scenario_names(shaped)
-    }  # fmt: skip
+    }
     lines = shapes.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
     tab = capacity.table(card)
     lines += capacity.section(card, tab)

@@ -8,9 +8,9 @@ figures are random weights'.
 from __future__ import annotations
 
 from eval.serving import speedups
-from pipelines.core.cards import ModelCard
-from pipelines.core.manifests import result_of
-from pipelines.core.results import AtShape, ScenarioSweep, Sized
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.store.manifests import result_of
+from pipelines.core.store.results import AtShape, ScenarioSweep, Sized
 from pipelines.present import formats
 from pipelines.present.tables import fits_section
 
@@ -36,9 +36,11 @@ def how(shaped: dict[str, AtShape]) -> str:
     any_one = next(iter(shaped.values()))
     device = any_one.main.ceiling.device if any_one.main.ceiling else "this machine"
     load = any_one.main.load
-    return (f"{any_one.weights} ({any_one.shape_config}), {any_one.engine_version} on {device}; random token ids "
-            f"in, the output length forced and checked on every request, {load.requests_per_user} requests per user "
-            f"at each level after a warm-up")  # fmt: skip
+    return (
+        f"{any_one.weights} ({any_one.shape_config}), {any_one.engine_version} on {device}; random token ids "
+        f"in, the output length forced and checked on every request, {load.requests_per_user} requests per user "
+        f"at each level after a warm-up"
+    )
 
 
 def lengths(sweep: ScenarioSweep) -> str:
@@ -57,14 +59,18 @@ def level_rows(shaped: dict[str, AtShape], scenario: str) -> list[str]:
         r = shaped[p]
         kernels = f"{r.execution}: {r.kernel_names}" if r.kernels else str(r.execution)
         if sw.probe is not None:
-            rows.append(f"| {p} | {kernels} | 1 (probe, {sw.probe.output_len} tokens) | "
-                        f"{_pair(sw.probe.ttft_ms, None)} | {_pair(sw.probe.tpot_ms, None)} | - | - | "
-                        f"0 ({sw.probe.why}) |")  # fmt: skip
+            rows.append(
+                f"| {p} | {kernels} | 1 (probe, {sw.probe.output_len} tokens) | "
+                f"{_pair(sw.probe.ttft_ms, None)} | {_pair(sw.probe.tpot_ms, None)} | - | - | "
+                f"0 ({sw.probe.why}) |"
+            )
             continue
         for c, m in sw.per_level.items():
-            rows.append(f"| {p} | {kernels} | {c} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | "
-                        f"{_pair(m.tpot_ms_p50, m.tpot_ms_p95)} | {_pair(m.e2e_ms_p50, m.e2e_ms_p95)} | "
-                        f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} |")  # fmt: skip
+            rows.append(
+                f"| {p} | {kernels} | {c} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | "
+                f"{_pair(m.tpot_ms_p50, m.tpot_ms_p95)} | {_pair(m.e2e_ms_p50, m.e2e_ms_p95)} | "
+                f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} |"
+            )
     return rows
 
 
@@ -112,7 +118,7 @@ def ceiling_rows(card: ModelCard, shaped: dict[str, AtShape], scenario: str) -> 
                 f"projection from bytes calls it {base_c.step_bytes / c.step_bytes:.2f}x faster; measured, it "
                 f"decodes at {c.measured_tps / base_c.measured_tps:.2f}x the baseline's speed: its kernel, "
                 f"not its bytes, sets its speed on {c.device}."
-            )  # fmt: skip
+            )
     return rows, findings
 
 
@@ -122,25 +128,35 @@ def scenario_section(card: ModelCard, shaped: dict[str, AtShape], scenario: str)
     first = next(iter(sweeps.values()))
     slo = first.slo
     lines = [
-        f"## Scenario {scenario}: {lengths(first)}", "",
-        f"Objective: TTFT p95 <= {slo.ttft_ms:g} ms and TPOT p95 <= {slo.tpot_ms:g} ms.", "",
+        f"## Scenario {scenario}: {lengths(first)}",
+        "",
+        f"Objective: TTFT p95 <= {slo.ttft_ms:g} ms and TPOT p95 <= {slo.tpot_ms:g} ms.",
+        "",
         "| build | kernels | users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | e2e p50 / p95 ms | output tok/s | "
         "within the objective |",
         "|---|---|---|---|---|---|---|---|",
         *level_rows(shaped, scenario),
-    ]  # fmt: skip
+    ]
     if ups := speedup_rows(card, shaped, scenario):
-        lines += ["", f"### {scenario}: speed-up over {card.gate.baseline} (output tokens/s at the same users)", "",
-                  *ups]  # fmt: skip
+        lines += [
+            "",
+            f"### {scenario}: speed-up over {card.gate.baseline} (output tokens/s at the same users)",
+            "",
+            *ups,
+        ]
     rows, findings = ceiling_rows(card, shaped, scenario)
     if rows:
         lines += [
-            "", f"### {scenario}: decode at one user against the bandwidth ceiling", "",
+            "",
+            f"### {scenario}: decode at one user against the bandwidth ceiling",
+            "",
             "Ceiling: the device's bandwidth over the bytes a decode step reads (weights but the indexed embedding "
-            "table, plus the KV cache at mid-generation).", "",
+            "table, plus the KV cache at mid-generation).",
+            "",
             "| build | bytes per step | ceiling tok/s | measured tok/s | measured / ceiling |",
-            "|---|---|---|---|---|", *rows,
-        ]  # fmt: skip
+            "|---|---|---|---|---|",
+            *rows,
+        ]
         lines += ["", *findings] if findings else []
     return lines
 
@@ -152,8 +168,10 @@ def projection_notes(card: ModelCard) -> list[str]:
         sized = result_of(card.name, p, Sized)
         c = sized.shape_check if sized else None
         if c is not None and c.measured_over_ceiling is not None:
-            notes.append(f"- {p}: projected at the bandwidth ceiling; on {c.device} this format reached "
-                         f"{c.measured_over_ceiling:.0%} of its ceiling (random weights at this shape)")  # fmt: skip
+            notes.append(
+                f"- {p}: projected at the bandwidth ceiling; on {c.device} this format reached "
+                f"{c.measured_over_ceiling:.0%} of its ceiling (random weights at this shape)"
+            )
     return notes
 
 

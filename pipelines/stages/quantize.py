@@ -12,19 +12,19 @@ from pathlib import Path
 
 import quant.build as build_mod
 import quant.verify as verify
-from pipelines.core.cards import ModelCard
-from pipelines.core.child import run_child
-from pipelines.core.device import compute_device
-from pipelines.core.errors import QevalError
-from pipelines.core.files import file_digest
-from pipelines.core.integrity import file_hashes
-from pipelines.core.layout import CHECKPOINT_DIR, STAGE_LOG, stage_dir
-from pipelines.core.manifests import StageRecord, finished
-from pipelines.core.paths import resolve_repo_path
-from pipelines.core.results import Quantized
-from pipelines.core.runner import run_stage
-from pipelines.core.tracker import Tracker
-from pipelines.core.weights import checkpoint_for, offline_env, resolve_weights, weights_identity
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.runner import run_stage
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.framework.weights import checkpoint_for, offline_env, resolve_weights, weights_identity
+from pipelines.core.store.layout import CHECKPOINT_DIR, STAGE_LOG, stage_dir
+from pipelines.core.store.manifests import StageRecord, finished
+from pipelines.core.store.results import Quantized
+from pipelines.core.system.child import run_child
+from pipelines.core.system.device import compute_device
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import file_digest
+from pipelines.core.system.integrity import file_hashes
+from pipelines.core.system.paths import resolve_repo_path
 from quant.calibration import CalibrationSpec
 from quant.execution import compute_dtype
 from quant.precisions import get_precision
@@ -82,13 +82,16 @@ def quantize(
     )
 
 
-def _shared(card: ModelCard, precision: str, shared: str, scheme: str, tracker: Tracker,
-            force: bool) -> StageRecord[Quantized]:  # fmt: skip
+def _shared(
+    card: ModelCard, precision: str, shared: str, scheme: str, tracker: Tracker, force: bool
+) -> StageRecord[Quantized]:
     """A KV-cache variant's record: the checkpoint of the precision it serves, as that one's stage built it."""
     built = finished(card.name, shared, Quantized)
     if built is None:
-        raise QevalError(f"{card.name}@{precision} serves {shared}'s checkpoint; build that first: "
-                         f"qeval quantize --model {card.name} --precision {shared}")  # fmt: skip
+        raise QevalError(
+            f"{card.name}@{precision} serves {shared}'s checkpoint; build that first: "
+            f"qeval quantize --model {card.name} --precision {shared}"
+        )
     _, identity = checkpoint_for(card, shared)  # Tampered where its files changed since they were checked
     made = built.result.model_copy(update={"scheme": scheme, "shares": shared})
     return run_stage(tracker, precision, Quantized, {"shares": identity}, lambda out: made, force=force)

@@ -22,17 +22,17 @@ import eval.serving as serving
 from eval.accuracy import AccuracyConfig
 from eval.gpus import get_gpu, gpu_for_device
 from eval.sizing import KV_DTYPE_BYTES
-from pipelines.core.cards import ModelCard, Server
-from pipelines.core.demands import check_sweep
-from pipelines.core.device import compute_device
-from pipelines.core.errors import QevalError
-from pipelines.core.manifests import StageRecord, result_of
-from pipelines.core.net import json_or
-from pipelines.core.procs import running
-from pipelines.core.results import Served, ServedAccuracy, Sized, VllmSettings
-from pipelines.core.runner import run_stage
-from pipelines.core.tracker import Tracker
-from pipelines.core.weights import checkpoint_for, model_config, model_positions, offline_env
+from pipelines.core.card.cards import ModelCard, Server
+from pipelines.core.framework.demands import check_sweep
+from pipelines.core.framework.runner import run_stage
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.framework.weights import checkpoint_for, model_config, model_positions, offline_env
+from pipelines.core.store.manifests import StageRecord, result_of
+from pipelines.core.store.results import Served, ServedAccuracy, Sized, VllmSettings
+from pipelines.core.system.device import compute_device
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.net import json_or
+from pipelines.core.system.procs import running
 from pipelines.stages import engines, served_accuracy, sweep
 from quant.execution import Device, Execution, compute_dtype
 from quant.precisions import kv_cache_dtype
@@ -73,8 +73,10 @@ def default_tensor_parallel(card: ModelCard, sized: Sized | None, device_name: s
     if fit is None:
         return 1
     if fit.tensor_parallel is None:
-        raise QevalError(f"{card.name}: the size stage says a build does not fit 8 x {get_gpu(name).name}; "
-                         f"set server.tensor_parallel and pipeline_parallel in the card")  # fmt: skip
+        raise QevalError(
+            f"{card.name}: the size stage says a build does not fit 8 x {get_gpu(name).name}; "
+            f"set server.tensor_parallel and pipeline_parallel in the card"
+        )
     return fit.tensor_parallel
 
 
@@ -106,8 +108,13 @@ def vllm_settings(
     sized = result_of(card.name, precision, Sized) if gpu else None
     dtype = compute_dtype(device)
     kv = kv_cache_dtype(precision, srv.kv_cache_dtype)
-    share, small = engines.gpu_memory_plan(model_config(checkpoint), KV_DTYPE_BYTES[kv], max(card.speed.concurrency),
-                                           length, gpu_memory) if gpu else (0.9, False)  # fmt: skip
+    share, small = (
+        engines.gpu_memory_plan(
+            model_config(checkpoint), KV_DTYPE_BYTES[kv], max(card.speed.concurrency), length, gpu_memory
+        )
+        if gpu
+        else (0.9, False)
+    )
     return VllmSettings(
         device=device.kind,
         max_model_len=length,
@@ -138,8 +145,12 @@ def serve(
     device, device_name = engines.this_device()
     fallback = engines.vllm_cannot_run(precision, device) if engine == "vllm" else None
     if fallback:
-        log.warning("%s@%s: %s; served by transformers serve instead (weights dequantized: emulated)",
-                    card.name, precision, fallback)  # fmt: skip
+        log.warning(
+            "%s@%s: %s; served by transformers serve instead (weights dequantized: emulated)",
+            card.name,
+            precision,
+            fallback,
+        )
         engine = "transformers"
     load = loadgen.LoadSettings(
         api=srv.api,
@@ -155,15 +166,23 @@ def serve(
     kv = kv_cache_dtype(precision, srv.kv_cache_dtype)
     if unserved := engines.kv_cannot_serve(kv, engine, device):
         why = f"{fallback}, and {unserved}" if fallback else unserved
-        return _not_served(card, precision, tracker, {"checkpoint": checkpoint_id, "engine": engine,
-                                                      "load": load.model_dump(), "kv_cache_dtype": kv}, load, why,
-                           force)  # fmt: skip
+        return _not_served(
+            card,
+            precision,
+            tracker,
+            {"checkpoint": checkpoint_id, "engine": engine, "load": load.model_dump(), "kv_cache_dtype": kv},
+            load,
+            why,
+            force,
+        )
     vllm, settings = None, None
     if engine == "vllm":
         vllm = engines.find_vllm()
         if vllm is None:
-            raise QevalError(f"model '{card.name}': server.engine is vllm but no vLLM is installed here; "
-                             f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
+            raise QevalError(
+                f"model '{card.name}': server.engine is vllm but no vLLM is installed here; "
+                f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON"
+            )
         settings = vllm_settings(card, precision, checkpoint, device, device_name, compute_device().memory_bytes)
     scored, offline = served_accuracy.plan(card, precision, checkpoint, engine)
     version = f"{vllm.distribution} {vllm.version}" if vllm else None
@@ -198,17 +217,27 @@ def serve(
     return run_stage(tracker, precision, Served, inputs, work, force=force)
 
 
-def _not_served(card: ModelCard, precision: str, tracker: Tracker, inputs: dict, load: loadgen.LoadSettings,
-                why: str, force: bool) -> StageRecord[Served]:  # fmt: skip
+def _not_served(
+    card: ModelCard, precision: str, tracker: Tracker, inputs: dict, load: loadgen.LoadSettings, why: str, force: bool
+) -> StageRecord[Served]:
     """A build no engine here can serve as it ships: recorded with the reason, holding no users, nothing swept
     or scored (its offline evaluation and its sizing stand)."""
 
     def work(out: Path) -> Served:
         log.warning("%s@%s: %s; not served, swept or scored here", card.name, precision, why)
         ceiling = sweep.generator_ceiling(out, 4 * max(load.concurrency), 4)
-        return Served(engine=inputs["engine"], execution=Execution.UNKNOWN, load=load, slo=card.speed.main_slo,
-                      per_level={}, max_users_at_slo=0, failed_requests=0, generator_ceiling=ceiling,
-                      generator_bound=False, not_run=f"{why}: not served, swept or scored here")  # fmt: skip
+        return Served(
+            engine=inputs["engine"],
+            execution=Execution.UNKNOWN,
+            load=load,
+            slo=card.speed.main_slo,
+            per_level={},
+            max_users_at_slo=0,
+            failed_requests=0,
+            generator_ceiling=ceiling,
+            generator_bound=False,
+            not_run=f"{why}: not served, swept or scored here",
+        )
 
     return run_stage(tracker, precision, Served, {**inputs, "not_served": why}, work, force=force)
 
@@ -260,8 +289,14 @@ def _sweep(
                 log.info("%s: lm-eval %s against the server", label, ", ".join(scored.tasks))
                 scores = served_accuracy.score(card, scored, base, out)
     serving.write_csv(records, out / "requests.csv")
-    served = Served(engine=engine, execution=Execution.UNKNOWN, load=load, slo=objective, generator_ceiling=ceiling,
-                    **sweep.levels_summary(records, slo, ceiling))  # fmt: skip
+    served = Served(
+        engine=engine,
+        execution=Execution.UNKNOWN,
+        load=load,
+        slo=objective,
+        generator_ceiling=ceiling,
+        **sweep.levels_summary(records, slo, ceiling),
+    )
     if settings is not None:
         kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
         served = served.model_copy(update={"vllm": settings, "kernels": kernels, "execution": how})
@@ -271,6 +306,11 @@ def _sweep(
 
 
 def _transformers(card: ModelCard, checkpoint: str, load: loadgen.LoadSettings, device: Device) -> list[str]:
-    return engines.transformers_command(checkpoint, card.source.trust_remote_code, device=device.kind,
-                                        max_sequences=max(load.concurrency), input_len=load.input_len,
-                                        output_len=load.output_len)  # fmt: skip
+    return engines.transformers_command(
+        checkpoint,
+        card.source.trust_remote_code,
+        device=device.kind,
+        max_sequences=max(load.concurrency),
+        input_len=load.input_len,
+        output_len=load.output_len,
+    )

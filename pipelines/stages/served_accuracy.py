@@ -13,13 +13,13 @@ from pathlib import Path
 
 import eval.accuracy as accuracy
 from eval.paired import Scored, agreement, paired
-from pipelines.core.cards import ModelCard
-from pipelines.core.child import run_child
-from pipelines.core.errors import QevalError
-from pipelines.core.layout import STAGE_LOG, stage_dir
-from pipelines.core.manifests import Manifest, finished
-from pipelines.core.results import Evaluated, ServedAccuracy, ServedVsOffline
-from pipelines.core.weights import model_positions, offline_env
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.weights import model_positions, offline_env
+from pipelines.core.store.layout import STAGE_LOG, stage_dir
+from pipelines.core.store.manifests import Manifest, finished
+from pipelines.core.store.results import Evaluated, ServedAccuracy, ServedVsOffline
+from pipelines.core.system.child import run_child
+from pipelines.core.system.errors import QevalError
 
 log = logging.getLogger(__name__)
 SERVED_DIR = "served_accuracy"
@@ -27,8 +27,10 @@ SERVED_BATCH = 32  # prompts per completions request: the server batches them; f
 
 
 def not_run(engine: str) -> str:
-    return (f"served accuracy (server.served_accuracy in the card): it needs vLLM's prompt log-probabilities, "
-            f"and {engine} served")  # fmt: skip
+    return (
+        f"served accuracy (server.served_accuracy in the card): it needs vLLM's prompt log-probabilities, "
+        f"and {engine} served"
+    )
 
 
 def plan(
@@ -43,8 +45,10 @@ def plan(
         return None, None
     offline = finished(card.name, precision, Evaluated)
     if offline is None:
-        raise QevalError(f"{card.name}@{precision}: served accuracy is compared with the offline evaluation; "
-                         f"run it first: qeval evaluate --model {card.name} --precision {precision}")  # fmt: skip
+        raise QevalError(
+            f"{card.name}@{precision}: served accuracy is compared with the offline evaluation; "
+            f"run it first: qeval evaluate --model {card.name} --precision {precision}"
+        )
     base = offline.result.config
     limits = [n for n in (base.limit, card.server.served_limit) if n]
     tasks = [t for t in card.server.served_tasks or base.tasks if t not in offline.result.accuracy.not_scored]
@@ -83,15 +87,40 @@ def against_offline(
     vs = {}
     for task in served.config.tasks:
         try:
-            c = paired(task, offline_side, served_side, threshold=gate.threshold(task), bootstrap=gate.bootstrap,
-                       metric=gate.task_metric.get(task), subset=True)  # fmt: skip
+            c = paired(
+                task,
+                offline_side,
+                served_side,
+                threshold=gate.threshold(task),
+                bootstrap=gate.bootstrap,
+                metric=gate.task_metric.get(task),
+                subset=True,
+            )
             departs = agreement(task, offline_side, served_side, subset=True)
         except (FileNotFoundError, KeyError, ValueError) as e:
             raise QevalError(f"{card.name}@{precision} served accuracy of {task}: {e}; rerun with --force") from None
         same = departs.identical if departs else None
-        vs[task] = ServedVsOffline(metric=c.metric, n=c.n, offline=c.baseline, served=c.build, difference=c.difference,
-                                   confidence=gate.confidence, identical=same)  # fmt: skip
+        vs[task] = ServedVsOffline(
+            metric=c.metric,
+            n=c.n,
+            offline=c.baseline,
+            served=c.build,
+            difference=c.difference,
+            confidence=gate.confidence,
+            identical=same,
+        )
         est, lo, hi = c.difference
-        log.info("%s@%s %s %s served %.5g vs offline %.5g: %+.3g [%+.3g, %+.3g]%s", card.name, precision, task,
-                 c.metric, c.build, c.baseline, est, lo, hi, " DIFFERS" if vs[task].differs else "")  # fmt: skip
+        log.info(
+            "%s@%s %s %s served %.5g vs offline %.5g: %+.3g [%+.3g, %+.3g]%s",
+            card.name,
+            precision,
+            task,
+            c.metric,
+            c.build,
+            c.baseline,
+            est,
+            lo,
+            hi,
+            " DIFFERS" if vs[task].differs else "",
+        )
     return served.model_copy(update={"vs_offline": vs})

@@ -28,18 +28,18 @@ import eval.sizing as sizing
 from eval.gpus import peak_bandwidth
 from eval.instruments import measure_copy_bandwidth
 from eval.speed import decode_step_bytes, mid_generation_context
-from pipelines.core.cards import ModelCard, Slo
-from pipelines.core.demands import check_sweep
-from pipelines.core.device import compute_device
-from pipelines.core.errors import QevalError
-from pipelines.core.files import file_digest
-from pipelines.core.manifests import StageRecord
-from pipelines.core.paths import resolve_repo_path, shown_path
-from pipelines.core.procs import running
-from pipelines.core.results import AtShape, DecodeCeiling, Probe, ScenarioSweep, VllmSettings
-from pipelines.core.runner import run_stage
-from pipelines.core.tracker import Tracker
-from pipelines.core.weights import architecture_config
+from pipelines.core.card.cards import ModelCard, Slo
+from pipelines.core.framework.demands import check_sweep
+from pipelines.core.framework.runner import run_stage
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.framework.weights import architecture_config
+from pipelines.core.store.manifests import StageRecord
+from pipelines.core.store.results import AtShape, DecodeCeiling, Probe, ScenarioSweep, VllmSettings
+from pipelines.core.system.device import compute_device
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import file_digest
+from pipelines.core.system.paths import resolve_repo_path, shown_path
+from pipelines.core.system.procs import running
 from pipelines.stages import engines, sweep
 from quant.execution import Execution
 from quant.precisions import kv_cache_dtype
@@ -90,20 +90,32 @@ def _bandwidth(device: str, device_name: str | None) -> tuple[float, str]:
     return measure_copy_bandwidth(megabytes=512, repeats=10), "measured (512 MB memory copy, best of 10)"
 
 
-def decode_ceiling(shape: sizing.Shape, precision: str, group_size: int, kv_dtype_bytes: int,
-                   load: loadgen.LoadSettings, bandwidth: tuple[float, str], tpot_ms: float | None,
-                   device: str) -> DecodeCeiling:  # fmt: skip
+def decode_ceiling(
+    shape: sizing.Shape,
+    precision: str,
+    group_size: int,
+    kv_dtype_bytes: int,
+    load: loadgen.LoadSettings,
+    bandwidth: tuple[float, str],
+    tpot_ms: float | None,
+    device: str,
+) -> DecodeCeiling:
     """Measured decode at one user over the ceiling that bandwidth sets for the bytes a step reads, at
     mid-generation of `load`'s lengths."""
     weights = sizing.weight_bytes(shape, precision, group_size)
     context = mid_generation_context(load.input_len, load.output_len)
-    step = decode_step_bytes(weights, shape.embedding_table_bytes, shape.kv_bytes_per_token(kv_dtype_bytes), 1,
-                             context)  # fmt: skip
+    step = decode_step_bytes(weights, shape.embedding_table_bytes, shape.kv_bytes_per_token(kv_dtype_bytes), 1, context)
     ceiling = bandwidth[0] / step
     measured = 1000 / tpot_ms if tpot_ms else None
-    return DecodeCeiling(device=device, step_bytes=step, bandwidth_gb_s=bandwidth[0] / 1e9,
-                         bandwidth_source=bandwidth[1], ceiling_tps=ceiling, measured_tps=measured,
-                         measured_over_ceiling=measured / ceiling if measured else None)  # fmt: skip
+    return DecodeCeiling(
+        device=device,
+        step_bytes=step,
+        bandwidth_gb_s=bandwidth[0] / 1e9,
+        bandwidth_source=bandwidth[1],
+        ceiling_tps=ceiling,
+        measured_tps=measured,
+        measured_over_ceiling=measured / ceiling if measured else None,
+    )
 
 
 def probe_verdict(record: serving.RequestRecord, slo: serving.Slo) -> Probe:
@@ -111,15 +123,23 @@ def probe_verdict(record: serving.RequestRecord, slo: serving.Slo) -> Probe:
     ttft = 1000 * record.ttft if record.ok and record.ttft is not None else None
     tpot = 1000 * record.tpot if record.ok and record.tpot is not None else None
     if ttft is None:
-        return Probe(output_len=record.output_tokens, ttft_ms=None, tpot_ms=None, too_slow=True,
-                     why=f"the probe request failed ({record.error or 'no tokens'})")  # fmt: skip
+        return Probe(
+            output_len=record.output_tokens,
+            ttft_ms=None,
+            tpot_ms=None,
+            too_slow=True,
+            why=f"the probe request failed ({record.error or 'no tokens'})",
+        )
     over = []
     if ttft > PROBE_MARGIN * slo.ttft_ms:
         over.append(f"TTFT {ttft:.0f} ms > {PROBE_MARGIN:g} x {slo.ttft_ms:g} ms")
     if tpot is not None and tpot > PROBE_MARGIN * slo.tpot_ms:
         over.append(f"TPOT {tpot:.0f} ms > {PROBE_MARGIN:g} x {slo.tpot_ms:g} ms")
-    why = ("at one user " + " and ".join(over) + ": holds no users within the objective; not swept") if over else (
-        "near enough the objective at one user to sweep")  # fmt: skip
+    why = (
+        ("at one user " + " and ".join(over) + ": holds no users within the objective; not swept")
+        if over
+        else ("near enough the objective at one user to sweep")
+    )
     return Probe(output_len=record.output_tokens, ttft_ms=ttft, tpot_ms=tpot, too_slow=bool(over), why=why)
 
 
@@ -131,8 +151,10 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
     arch = json.loads(config.read_text())
     vllm = engines.find_vllm()
     if vllm is None:
-        raise QevalError(f"model '{card.name}': the shape stage serves on vLLM and none is installed here; "
-                         f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON")  # fmt: skip
+        raise QevalError(
+            f"model '{card.name}': the shape stage serves on vLLM and none is installed here; "
+            f"make it with `make engine` (.venv-vllm) or set QEVAL_VLLM_PYTHON"
+        )
     device, device_name = engines.this_device()
     srv, s = card.server, card.speed
     opts = RecipeOptions(group_size=card.quantization.group_size, ignore=list(card.quantization.ignore))
@@ -146,15 +168,21 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         else (0.9, False)
     )
     settings = VllmSettings(
-        device=device.kind, max_model_len=length,
-        tensor_parallel=srv.tensor_parallel or 1, pipeline_parallel=srv.pipeline_parallel, kv_cache_dtype=kv,
+        device=device.kind,
+        max_model_len=length,
+        tensor_parallel=srv.tensor_parallel or 1,
+        pipeline_parallel=srv.pipeline_parallel,
+        kv_cache_dtype=kv,
         enforce_eager=(device.kind == "cpu" or small) if srv.enforce_eager is None else srv.enforce_eager,
-        gpu_memory_utilization=share, cpu_kv_cache_gb=srv.cpu_kv_cache_gb, random_weights=True,
+        gpu_memory_utilization=share,
+        cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
+        random_weights=True,
         torch_onednn=not engines.torch_onednn_off(precision, device),
-    )  # fmt: skip
+    )
     points = _loads(card, positions)
-    cannot = engines.vllm_cannot_run(precision, device) or engines.kv_cannot_serve(settings.kv_cache_dtype, "vllm",
-                                                                                  device)  # fmt: skip
+    cannot = engines.vllm_cannot_run(precision, device) or engines.kv_cannot_serve(
+        settings.kv_cache_dtype, "vllm", device
+    )
     version = f"{vllm.distribution} {vllm.version}"
     inputs = {
         "config": file_digest([config]),
@@ -171,8 +199,9 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
 
     def work(out: Path) -> AtShape:
         local = resolve_repo_path(card.source.path) if card.source.path else None
-        build = write_shape_build(config, precision, opts, out / "build", local if local and has_tokenizer(local)
-                                  else None)  # fmt: skip
+        build = write_shape_build(
+            config, precision, opts, out / "build", local if local and has_tokenizer(local) else None
+        )
         bandwidth = _bandwidth(device.kind, device_name)
         top = 4 * max(s.concurrency)
         ceiling = sweep.generator_ceiling(out, top, 4)
@@ -191,8 +220,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
                 for name, (load, objective, capped) in points.items():
                     if capped:
                         log.info("%s, scenario %s: %s", label, name, capped)
-                    swept[name] = _scenario(f"{label}, scenario {name}", base, str(build), arch, load, objective,
-                                            where)  # fmt: skip
+                    swept[name] = _scenario(f"{label}, scenario {name}", base, str(build), arch, load, objective, where)
                     sweep.check_alive(label, base, swept[name][1], out, where)
             kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
         scenarios = {}
@@ -202,20 +230,41 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
             summary = sweep.levels_summary(records, serving.Slo(objective.ttft_ms, objective.tpot_ms), ceiling)
             one = summary["per_level"].get(1)
             tpot = one.tpot_ms_p50 if one and one.tpot_ms_p50 else probe.tpot_ms
-            at = decode_ceiling(sizing.Shape.from_config(arch), precision, card.quantization.group_size,
-                                sizing.KV_DTYPE_BYTES[settings.kv_cache_dtype], load, bandwidth, tpot,
-                                device_label(device.kind, device_name))  # fmt: skip
+            at = decode_ceiling(
+                sizing.Shape.from_config(arch),
+                precision,
+                card.quantization.group_size,
+                sizing.KV_DTYPE_BYTES[settings.kv_cache_dtype],
+                load,
+                bandwidth,
+                tpot,
+                device_label(device.kind, device_name),
+            )
             if at.measured_over_ceiling is not None:
-                log.info("%s, scenario %s: decode at one user %.1f tokens/s, %.0f%% of the %.1f tokens/s that "
-                         "%.1f GB/s allows", label, name, at.measured_tps, 100 * at.measured_over_ceiling,
-                         at.ceiling_tps, at.bandwidth_gb_s)  # fmt: skip
-            scenarios[name] = ScenarioSweep(load=load, slo=objective, capped=capped,
-                                            probe=probe if probe.too_slow else None, ceiling=at, **summary)  # fmt: skip
+                log.info(
+                    "%s, scenario %s: decode at one user %.1f tokens/s, %.0f%% of the %.1f tokens/s that "
+                    "%.1f GB/s allows",
+                    label,
+                    name,
+                    at.measured_tps,
+                    100 * at.measured_over_ceiling,
+                    at.ceiling_tps,
+                    at.bandwidth_gb_s,
+                )
+            scenarios[name] = ScenarioSweep(
+                load=load, slo=objective, capped=capped, probe=probe if probe.too_slow else None, ceiling=at, **summary
+            )
         return AtShape(
-            engine_version=version, vllm=settings, device_name=device_name if device.kind == "cuda" else None,
-            kernels=kernels, execution=how, weights=label_of(card),
-            shape_config=shown_path(config), generator_ceiling=ceiling, scenarios=scenarios,
-        )  # fmt: skip
+            engine_version=version,
+            vllm=settings,
+            device_name=device_name if device.kind == "cuda" else None,
+            kernels=kernels,
+            execution=how,
+            weights=label_of(card),
+            shape_config=shown_path(config),
+            generator_ceiling=ceiling,
+            scenarios=scenarios,
+        )
 
     return run_stage(tracker, precision, AtShape, inputs, work, force=force)
 
@@ -223,31 +272,48 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
 def _loads(card: ModelCard, positions: int | None) -> dict[str, tuple[loadgen.LoadSettings, Slo, str | None]]:
     """Per scenario, within the model's context: the load generator's settings, its objective, how it was cut."""
     srv, s = card.server, card.speed
-    common = {"api": "completions", "concurrency": s.concurrency, "requests_per_user": srv.requests_per_user,
-              "warmup": srv.warmup, "exact_length": "ignore_eos", "timeout_s": srv.timeout_s}  # fmt: skip
+    common = {
+        "api": "completions",
+        "concurrency": s.concurrency,
+        "requests_per_user": srv.requests_per_user,
+        "warmup": srv.warmup,
+        "exact_length": "ignore_eos",
+        "timeout_s": srv.timeout_s,
+    }
     return {
         name: (loadgen.LoadSettings(**common, input_len=sc.input_len, output_len=sc.output_len), s.slo_of(sc), capped)
         for name, (sc, capped) in card.scenarios_within(positions).items()
     }
 
 
-def _scenario(label: str, base: str, model: str, arch: dict, load: loadgen.LoadSettings, objective: Slo,
-              where: str) -> tuple[Probe, list[serving.RequestRecord]]:  # fmt: skip
+def _scenario(
+    label: str, base: str, model: str, arch: dict, load: loadgen.LoadSettings, objective: Slo, where: str
+) -> tuple[Probe, list[serving.RequestRecord]]:
     """One scenario on the running server: the probe, then the levels unless the probe found it too slow."""
-    prompts = loadgen.token_prompts(int(arch["vocab_size"]), loadgen.prompts_needed(load) + 2, load.input_len,
-                                    avoid=_special_ids(arch))  # fmt: skip
+    prompts = loadgen.token_prompts(
+        int(arch["vocab_size"]), loadgen.prompts_needed(load) + 2, load.input_len, avoid=_special_ids(arch)
+    )
     slo = serving.Slo(objective.ttft_ms, objective.tpot_ms)
     probe = _probe(label, base, model, load, prompts[-2:], slo, where)
-    log.info("%s: probe at one user: TTFT %s ms, TPOT %s ms: %s", label, _ms(probe.ttft_ms), _ms(probe.tpot_ms),
-             probe.why)  # fmt: skip
+    log.info(
+        "%s: probe at one user: TTFT %s ms, TPOT %s ms: %s", label, _ms(probe.ttft_ms), _ms(probe.tpot_ms), probe.why
+    )
     return probe, [] if probe.too_slow else sweep.run_levels(label, base, model, load, prompts, slo, where)
 
 
-def _probe(label: str, base: str, model: str, load: loadgen.LoadSettings, prompts: list, slo: serving.Slo,
-           where: str) -> Probe:  # fmt: skip
+def _probe(
+    label: str, base: str, model: str, load: loadgen.LoadSettings, prompts: list, slo: serving.Slo, where: str
+) -> Probe:
     """Two requests at one user (the first warms the server), PROBE_TOKENS out each; the second decides."""
-    short = load.model_copy(update={"concurrency": [1], "requests_per_user": 2, "warmup": 0,
-                                    "output_len": PROBE_TOKENS, "timeout_s": PROBE_TIMEOUT_S})  # fmt: skip
+    short = load.model_copy(
+        update={
+            "concurrency": [1],
+            "requests_per_user": 2,
+            "warmup": 0,
+            "output_len": PROBE_TOKENS,
+            "timeout_s": PROBE_TIMEOUT_S,
+        }
+    )
     records = sweep.run_levels(f"{label} probe", base, model, short, prompts, slo, where)
     return probe_verdict(records[-1], slo)
 

@@ -20,14 +20,14 @@ from pathlib import Path
 import eval.gpus as gpus
 import eval.sizing as sizing
 from eval.speed import decode_step_bytes, mid_generation_context
-from pipelines.core import weights
-from pipelines.core.cards import ModelCard
-from pipelines.core.errors import QevalError
-from pipelines.core.files import file_digest
-from pipelines.core.manifests import StageRecord, finished, result_of
-from pipelines.core.results import AtShape, BenchCheck, Benched, Quantized, Sized
-from pipelines.core.runner import run_stage
-from pipelines.core.tracker import Tracker
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework import weights
+from pipelines.core.framework.runner import run_stage
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.store.manifests import StageRecord, finished, result_of
+from pipelines.core.store.results import AtShape, BenchCheck, Benched, Quantized, Sized
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import file_digest
 from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
@@ -101,14 +101,23 @@ def bench_check(bench: Benched | None) -> BenchCheck | None:
     return BenchCheck(decode_ceiling=ceiling, decode_measured=measured, measured_over_ceiling=measured / ceiling)
 
 
-def projection(card: ModelCard, precisions: list[str], gpu_names: list[str], batch: int | None,
-               input_len: int | None, output_len: int | None,
-               mbu: float) -> tuple[dict[str, int], sizing.Assumptions, list[sizing.Fit]]:  # fmt: skip
+def projection(
+    card: ModelCard,
+    precisions: list[str],
+    gpu_names: list[str],
+    batch: int | None,
+    input_len: int | None,
+    output_len: int | None,
+    mbu: float,
+) -> tuple[dict[str, int], sizing.Assumptions, list[sizing.Fit]]:
     """`qeval size`'s table: each precision on each GPU at a grid point (the card's where one is not given),
     the grid point, and what the projection assumed."""
     s = card.speed
-    grid = {"batch": batch or s.largest_batch, "input_len": input_len or s.input_len,
-            "output_len": output_len or s.output_len}  # fmt: skip
+    grid = {
+        "batch": batch or s.largest_batch,
+        "input_len": input_len or s.input_len,
+        "output_len": output_len or s.output_len,
+    }
     a = assumptions(card, mbu=mbu)
     return grid, a, fits_table(card, precisions, gpu_names, **grid, a=a)
 
@@ -133,14 +142,29 @@ def size(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fal
     }
 
     def work(out: Path) -> Sized:
-        fits = fits_table(card, [precision], card.sizing_gpus, batch=s.largest_batch, input_len=s.input_len,
-                          output_len=s.output_len, a=a)  # fmt: skip
+        fits = fits_table(
+            card,
+            [precision],
+            card.sizing_gpus,
+            batch=s.largest_batch,
+            input_len=s.input_len,
+            output_len=s.output_len,
+            a=a,
+        )
         (out / "fits.json").write_text(json.dumps([asdict(f) for f in fits], indent=2) + "\n")
         for f in fits:
             fit = "fits" if f.fits else (f"fits on {f.tensor_parallel} (TP)" if f.tensor_parallel else "does not fit")
-            log.debug("%s@%s on %s: %s, %.3g GB at batch %d, %d sequences at most, decode <= %.0f tok/s per user",
-                      card.name, precision, f.gpu, fit, f.total_gb, s.largest_batch, f.max_sequences,
-                      f.decode_tps_per_user)  # fmt: skip
+            log.debug(
+                "%s@%s on %s: %s, %.3g GB at batch %d, %d sequences at most, decode <= %.0f tok/s per user",
+                card.name,
+                precision,
+                f.gpu,
+                fit,
+                f.total_gb,
+                s.largest_batch,
+                f.max_sequences,
+                f.decode_tps_per_user,
+            )
         projected = sizing.weight_bytes(shape, precision, group)
         return Sized(
             batch=s.largest_batch,

@@ -14,10 +14,10 @@ from pathlib import Path
 import eval.loadgen as loadgen
 import eval.serving as serving
 import eval.stream_stub as stream_stub
-from pipelines.core.errors import QevalError
-from pipelines.core.net import answers
-from pipelines.core.procs import running
-from pipelines.core.results import GeneratorCeiling, LinearKernel
+from pipelines.core.store.results import GeneratorCeiling, LinearKernel
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.net import answers
+from pipelines.core.system.procs import running
 from pipelines.stages import engines
 from quant.execution import Device, Execution
 
@@ -43,9 +43,16 @@ def _measure_ceiling(work: Path, concurrency: int, requests_per_user: int) -> Ge
     cmd = [sys.executable, "-m", stream_stub.__name__, "--port", "{port}"]
     with running(cmd, work / "stub.log", 60, "the stub endpoint") as url:
         cfg = loadgen.LoadConfig(
-            url=url, model="stub", api="completions", concurrency=[concurrency], requests_per_user=requests_per_user,
-            warmup=1, input_len=1, output_len=CEILING_OUTPUT, timeout_s=60,
-        )  # fmt: skip
+            url=url,
+            model="stub",
+            api="completions",
+            concurrency=[concurrency],
+            requests_per_user=requests_per_user,
+            warmup=1,
+            input_len=1,
+            output_len=CEILING_OUTPUT,
+            timeout_s=60,
+        )
         records = loadgen.sweep(cfg, ["x"])
     ok = [r for r in records if r.ok]
     span = max(r.end for r in records) - min(r.start for r in records)
@@ -53,8 +60,15 @@ def _measure_ceiling(work: Path, concurrency: int, requests_per_user: int) -> Ge
     return GeneratorCeiling(chunks_per_s=chunks / span, concurrency=concurrency, failed=len(records) - len(ok))
 
 
-def run_levels(label: str, base_url: str, model: str, load: loadgen.LoadSettings, prompts: Sequence[loadgen.Prompt],
-               slo: serving.Slo, where: str) -> list[serving.RequestRecord]:  # fmt: skip
+def run_levels(
+    label: str,
+    base_url: str,
+    model: str,
+    load: loadgen.LoadSettings,
+    prompts: Sequence[loadgen.Prompt],
+    slo: serving.Slo,
+    where: str,
+) -> list[serving.RequestRecord]:
     """Sweep the server at `base_url` over `load`'s levels, a progress line per level; `where` names what to
     read when it fails (its log, or the URL of a server the user runs)."""
 
@@ -62,17 +76,29 @@ def run_levels(label: str, base_url: str, model: str, load: loadgen.LoadSettings
         m = serving.level_metrics(level, slo)
         log.info(
             "%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s",
-            label, c, m.requests, m.failed, m.ttft_ms_p50 or float("nan"), m.tpot_ms_p50 or float("nan"),
+            label,
+            c,
+            m.requests,
+            m.failed,
+            m.ttft_ms_p50 or float("nan"),
+            m.tpot_ms_p50 or float("nan"),
             m.output_tps or 0.0,
-        )  # fmt: skip
+        )
         if m.bursts:
-            log.warning("%s concurrency %d: %d requests arrived in one burst, not streamed: their TPOT is not "
-                        "measured and the level is not counted as meeting the SLO; rerun with --force",
-                        label, c, m.bursts)  # fmt: skip
-        if load.exact_length == "ignore_eos" and (bad := serving.length_mismatches(level, load.input_len,
-                                                                                    load.output_len)):  # fmt: skip
-            raise QevalError(f"{label}: {len(bad)} of {len(level)} requests at concurrency {c} did not have the "
-                             f"asked lengths ({bad[0]}): the level measures something else; see {where}")  # fmt: skip
+            log.warning(
+                "%s concurrency %d: %d requests arrived in one burst, not streamed: their TPOT is not "
+                "measured and the level is not counted as meeting the SLO; rerun with --force",
+                label,
+                c,
+                m.bursts,
+            )
+        if load.exact_length == "ignore_eos" and (
+            bad := serving.length_mismatches(level, load.input_len, load.output_len)
+        ):
+            raise QevalError(
+                f"{label}: {len(bad)} of {len(level)} requests at concurrency {c} did not have the "
+                f"asked lengths ({bad[0]}): the level measures something else; see {where}"
+            )
 
     try:
         cfg = loadgen.LoadConfig(url=base_url, model=model, **load.model_dump())
@@ -88,8 +114,10 @@ def check_alive(label: str, base_url: str, records: list[serving.RequestRecord],
         return
     serving.write_csv(records, out / "requests.csv")  # kept in the failed folder
     failed = sum(not r.ok for r in records)
-    raise QevalError(f"{label}: the server stopped answering during the sweep ({failed} of {len(records)} "
-                     f"requests failed); see {where}; rerun when it is fixed")  # fmt: skip
+    raise QevalError(
+        f"{label}: the server stopped answering during the sweep ({failed} of {len(records)} "
+        f"requests failed); see {where}; rerun when it is fixed"
+    )
 
 
 def levels_summary(records: list[serving.RequestRecord], slo: serving.Slo, ceiling: GeneratorCeiling) -> dict:
@@ -101,8 +129,10 @@ def levels_summary(records: list[serving.RequestRecord], slo: serving.Slo, ceili
     if bound:
         log.warning(
             "the load generator's ceiling (%.0f chunks/s) is under 10x the server's peak %.0f tokens/s: "
-            "its figures may be the generator's", ceiling.chunks_per_s, peak,
-        )  # fmt: skip
+            "its figures may be the generator's",
+            ceiling.chunks_per_s,
+            peak,
+        )
     return {
         "per_level": per_level,
         "max_users_at_slo": serving.max_users_at_slo(per_level),

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eval.stats import Verdict
-from pipelines.core.manifests import CodeVersion
-from pipelines.core.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
-from pipelines.core.verdicts import BuildVerdict, Decision, Measured
+from pipelines.core.store.manifests import CodeVersion
+from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
+from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from pipelines.present import formats
 from pipelines.tracking.names import (
     EVAL_METRIC,
@@ -111,63 +111,86 @@ def _finite(values: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in values.items() if math.isfinite(v)}
 
 
+def _quantized(result: Quantized) -> Logged:
+    params = _settings(result.config, QUANTIZE_SETTINGS) | _settings(result.verify, VERIFY_SETTINGS)
+    return Logged(_numbers(QUANTIZE_METRICS, result), params=params | _params(QUANTIZE_PARAMS, result))
+
+
+def _evaluated(result: Evaluated) -> Logged:
+    metrics = {}
+    for task, scores in result.accuracy.scores.items():
+        for m in scores:
+            metrics[EVAL_METRIC.format(task=task, metric=m.id)] = m.value
+            if m.stderr is not None:
+                suffix = "" if m.filter == "none" else f"/{m.filter}"
+                metrics[EVAL_STDERR.format(task=task, name=m.name, filter=suffix)] = m.stderr
+    for task, values in (result.recovery or {}).items():
+        metrics |= {RECOVERY_METRIC.format(task=task, metric=k): v for k, v in values.items()}
+    params = _settings(result.config, EVAL_SETTINGS) | _params(EVAL_PARAMS, result)
+    return Logged(_finite(metrics), params=params, datasets=result.accuracy.datasets)
+
+
+def _benched(result: Benched) -> Logged:
+    points = result.main_points()
+    series = {n: [(p.batch, v) for p in points if (v := get(p)) is not None] for n, get in BENCH_SERIES.items()}
+    params = _settings(result.config, ENGINE_SETTINGS) | _params(BENCH_PARAMS, result)
+    return Logged(_numbers(BENCH_METRICS, result), series, params)
+
+
+def _at_shape(result: AtShape) -> Logged:
+    """Random weights' figures, under shape/*, per scenario under shape/<scenario>/."""
+    metrics, series = _numbers(SHAPE_METRICS, result), {}
+    params = _settings(result.vllm, SHAPE_VLLM_SETTINGS) | _params(SHAPE_PARAMS, result)
+    for name, sweep in result.scenarios.items():
+        prefix = SHAPE_SCENARIO.format(scenario=name)
+        metrics |= {prefix + k: v for k, v in _numbers(SHAPE_SCENARIO_METRICS, sweep).items()}
+        levels = sweep.per_level.items()
+        series |= {
+            prefix + n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None]
+            for n, get in SHAPE_SERIES.items()
+        }
+        each = _settings(sweep.load, SHAPE_LOAD_SETTINGS) | _params(SHAPE_SCENARIO_PARAMS, sweep)
+        params |= {k.format(scenario=name): v for k, v in each.items()}
+    return Logged(_finite(metrics), series, params)
+
+
+def _served_stage(result: Served) -> Logged:
+    levels = result.per_level.items()
+    series = {n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None] for n, get in SERVE_SERIES.items()}
+    params = _settings(result.load, LOAD_SETTINGS) | _settings(result.vllm, VLLM_SETTINGS)
+    return Logged(
+        _numbers(SERVE_METRICS, result) | _served(result),
+        series,
+        params | _params(SERVE_PARAMS, result),
+        tags={TAG_NOT_RUN.format(stage=Served.STAGE): result.not_run[:MAX_TAG]} if result.not_run else {},
+    )
+
+
+def _sized(result: Sized) -> Logged:
+    metrics = _numbers(SIZE_METRICS, result)
+    for f in result.fits:
+        metrics |= {SIZE_GPU_METRIC.format(gpu=f.gpu, figure=k): float(get(f)) for k, get in SIZE_GPU_FIGURES.items()}
+    return Logged(metrics, params=_params(SIZE_PARAMS, result))
+
+
+MAPPINGS: dict[type[StageResult], Callable[[Any], Logged]] = {
+    Quantized: _quantized,
+    Evaluated: _evaluated,
+    Benched: _benched,
+    AtShape: _at_shape,
+    Served: _served_stage,
+    Sized: _sized,
+}
+"""How each stage's result type logs to its build's run: a stage whose result has no entry here fails
+tests/test_tracking.py (every result type the stage registry names must have one)."""
+
+
 def logged(result: StageResult) -> Logged:
     """The metrics, series, params and data sets a stage's result logs to its build's run."""
-    match result:
-        case Quantized():
-            params = _settings(result.config, QUANTIZE_SETTINGS) | _settings(result.verify, VERIFY_SETTINGS)
-            return Logged(_numbers(QUANTIZE_METRICS, result), params=params | _params(QUANTIZE_PARAMS, result))
-        case Evaluated():
-            metrics = {}
-            for task, scores in result.accuracy.scores.items():
-                for m in scores:
-                    metrics[EVAL_METRIC.format(task=task, metric=m.id)] = m.value
-                    if m.stderr is not None:
-                        suffix = "" if m.filter == "none" else f"/{m.filter}"
-                        metrics[EVAL_STDERR.format(task=task, name=m.name, filter=suffix)] = m.stderr
-            for task, values in (result.recovery or {}).items():
-                metrics |= {RECOVERY_METRIC.format(task=task, metric=k): v for k, v in values.items()}
-            params = _settings(result.config, EVAL_SETTINGS) | _params(EVAL_PARAMS, result)
-            return Logged(_finite(metrics), params=params, datasets=result.accuracy.datasets)
-        case Benched():
-            points = result.main_points()
-            series = {n: [(p.batch, v) for p in points if (v := get(p)) is not None] for n, get in BENCH_SERIES.items()}
-            params = _settings(result.config, ENGINE_SETTINGS) | _params(BENCH_PARAMS, result)
-            return Logged(_numbers(BENCH_METRICS, result), series, params)
-        case AtShape():  # random weights' figures, under shape/*, per scenario under shape/<scenario>/
-            metrics, series = _numbers(SHAPE_METRICS, result), {}
-            params = _settings(result.vllm, SHAPE_VLLM_SETTINGS) | _params(SHAPE_PARAMS, result)
-            for name, sweep in result.scenarios.items():
-                prefix = SHAPE_SCENARIO.format(scenario=name)
-                metrics |= {prefix + k: v for k, v in _numbers(SHAPE_SCENARIO_METRICS, sweep).items()}
-                levels = sweep.per_level.items()
-                series |= {
-                    prefix + n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None]
-                    for n, get in SHAPE_SERIES.items()
-                }
-                each = _settings(sweep.load, SHAPE_LOAD_SETTINGS) | _params(SHAPE_SCENARIO_PARAMS, sweep)
-                params |= {k.format(scenario=name): v for k, v in each.items()}
-            return Logged(_finite(metrics), series, params)
-        case Served():
-            levels = result.per_level.items()
-            series = {
-                n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None] for n, get in SERVE_SERIES.items()
-            }
-            params = _settings(result.load, LOAD_SETTINGS) | _settings(result.vllm, VLLM_SETTINGS)
-            return Logged(
-                _numbers(SERVE_METRICS, result) | _served(result),
-                series,
-                params | _params(SERVE_PARAMS, result),
-                tags={TAG_NOT_RUN.format(stage=Served.STAGE): result.not_run[:MAX_TAG]} if result.not_run else {},
-            )
-        case Sized():
-            metrics = _numbers(SIZE_METRICS, result)
-            for f in result.fits:
-                metrics |= {
-                    SIZE_GPU_METRIC.format(gpu=f.gpu, figure=k): float(get(f)) for k, get in SIZE_GPU_FIGURES.items()
-                }
-            return Logged(metrics, params=_params(SIZE_PARAMS, result))
-    raise TypeError(f"no MLflow mapping for {type(result).__name__}")
+    mapping = MAPPINGS.get(type(result))
+    if mapping is None:
+        raise TypeError(f"no MLflow mapping for {type(result).__name__}: add one to MAPPINGS")
+    return mapping(result)
 
 
 def _served(result: Served) -> dict[str, float]:

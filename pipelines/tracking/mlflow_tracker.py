@@ -2,7 +2,7 @@
 
 The store is $MLFLOW_TRACKING_URI, else SQLite at mlruns/mlflow.db with artifacts under mlruns/artifacts/
 (store.py: the address, its credentials, its health check, and errors without secrets). MlflowTracker
-implements the tracker protocol (pipelines/core/tracker.py) that the stages, the gate and the report log
+implements the tracker protocol (pipelines/core/framework/tracker.py) that the stages, the gate and the report log
 through; tests that are not about MLflow pass one that keeps the same in memory (tests/memory_tracker.py).
 """
 
@@ -17,11 +17,11 @@ from contextlib import suppress
 from pathlib import Path
 from urllib.parse import urlparse
 
-from pipelines.core.errors import QevalError
-from pipelines.core.integrity import hashes_digest
-from pipelines.core.manifests import Manifest
-from pipelines.core.tracker import ParamsChanged
-from pipelines.core.verdicts import Decision
+from pipelines.core.framework.tracker import ParamsChanged
+from pipelines.core.store.manifests import Manifest
+from pipelines.core.store.verdicts import Decision
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.integrity import hashes_digest
 from pipelines.tracking.mapping import (
     baseline_metrics,
     build_run_tags,
@@ -88,7 +88,8 @@ def experiment_ids() -> dict[str, str]:
 
 
 class MlflowTracker:
-    """A handle on the MLflow store for one model's experiment (the tracker protocol, pipelines/core/tracker.py)."""
+    """A handle on the MLflow store for one model's experiment (the tracker protocol,
+    pipelines/core/framework/tracker.py)."""
 
     def __init__(self, model: str, uri: str | None = None):
         self.model = model
@@ -205,8 +206,14 @@ class MlflowTracker:
         except MlflowException:
             return None
         precision = self.client.get_run(v.run_id).data.tags.get(TAG_PRECISION, "") if v.run_id else ""
-        return {"version": str(v.version), "run_id": v.run_id or "", "source": v.source, "precision": precision,
-                "description": v.description or "", "files": v.tags.get(TAG_FILES, "")}  # fmt: skip
+        return {
+            "version": str(v.version),
+            "run_id": v.run_id or "",
+            "source": v.source,
+            "precision": precision,
+            "description": v.description or "",
+            "files": v.tags.get(TAG_FILES, ""),
+        }
 
     def download_version(self, alias: str, dst: Path) -> dict[str, str]:
         """The files of the registry version behind `alias`, under the folder `dst`."""
@@ -217,14 +224,22 @@ class MlflowTracker:
         try:
             v = self.client.get_model_version_by_alias(name, alias)
         except MlflowException:
-            raise QevalError(f"no version of {name} has alias '{alias}' in {redact(self.uri)}; "
-                             f"run: qeval gate --model {self.model}") from None  # fmt: skip
+            raise QevalError(
+                f"no version of {name} has alias '{alias}' in {redact(self.uri)}; run: qeval gate --model {self.model}"
+            ) from None
         # the version's source as the registry holds it (what `models:/<name>@<alias>` resolves to)
         mlflow.artifacts.download_artifacts(artifact_uri=v.source, dst_path=str(dst), tracking_uri=self.uri)
         precision = self.client.get_run(v.run_id).data.tags.get(TAG_PRECISION, "") if v.run_id else ""
-        return {"name": name, "version": str(v.version), "alias": alias, "run_id": v.run_id or "",
-                "precision": precision, "source": scrub(v.source), "description": v.description or "",
-                "files": v.tags.get(TAG_FILES, "")}  # fmt: skip
+        return {
+            "name": name,
+            "version": str(v.version),
+            "alias": alias,
+            "run_id": v.run_id or "",
+            "precision": precision,
+            "source": scrub(v.source),
+            "description": v.description or "",
+            "files": v.tags.get(TAG_FILES, ""),
+        }
 
     def _batch(self, run_id: str, metrics=None, series=None, params=None, tags=None) -> None:
         from mlflow.entities import Metric, Param, RunTag
@@ -345,8 +360,9 @@ class MlflowTracker:
             existing = self.client.get_run(run_id).data.params
             if any(k in existing and existing[k] != v for k, v in params.items()):
                 run_id, existing = self.summary_run(new=True), {}  # params are immutable: a changed policy, a new run
-            self._batch(run_id, params={k: v for k, v in params.items() if k not in existing},
-                        tags=summary_tags(decision))  # fmt: skip
+            self._batch(
+                run_id, params={k: v for k, v in params.items() if k not in existing}, tags=summary_tags(decision)
+            )
             self.client.log_artifact(run_id, str(file), artifact_path="gate")
             self.client.set_terminated(run_id, "FINISHED")
             return run_id

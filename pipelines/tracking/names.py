@@ -1,6 +1,6 @@
 """Every MLflow name qeval writes that is not a table of a stage's figures: experiment, runs, tags,
 params of the UI, metric templates, the registry alias. pipelines/tracking/mapping.py holds the tables of
-figures (name -> how a typed result gives it) and NAMES, the whole list README.md ("MLflow layout") gives.
+figures (name -> how a typed result gives it) and NAMES, the whole list docs/mlflow.md ("MLflow layout") gives.
 
 One experiment per model (`qeval/<model>`), one run per build (`<model>@<precision>`); each stage adds
 its metrics, params and artifacts to that run and sets the tag `qeval.stage.<stage>` to `done` or

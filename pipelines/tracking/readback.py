@@ -1,7 +1,7 @@
 """The tracking store as the system of record; artifacts/ as this machine's cache of it.
 
 Every finished stage logs its folder (manifest.json, per-document records, logs; a quantized build's
-checkpoint too) to its build's run (pipelines/core/runner.py). A machine that did not run a stage, or whose
+checkpoint too) to its build's run (pipelines/core/framework/runner.py). A machine that did not run a stage, or whose
 copy is older than the run's, reads it back from there before the gate, the report or a later stage of
 another build uses it: `qeval gate` on an empty folder reaches the decision the machine that ran the stages
 reached. A checkpoint is never fetched here (`qeval pull` is for that).
@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import TypeVar
 
 from eval.paired import Scored
-from pipelines.core.cards import ModelCard
-from pipelines.core.errors import QevalError
-from pipelines.core.files import atomic_write, locked, replace_dir, scratch
-from pipelines.core.integrity import Tampered, check_folder, hashes_digest
-from pipelines.core.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
-from pipelines.core.manifests import read_manifest
-from pipelines.core.paths import artifacts_dir, cards_dir, mlruns_dir, workdir
-from pipelines.core.registry import JUDGED, STAGES
-from pipelines.core.results import Evaluated, StageResult
-from pipelines.core.tracker import Tracker
-from pipelines.core.verdicts import Decision
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.framework.registry import JUDGED, STAGES
+from pipelines.core.framework.tracker import Tracker
+from pipelines.core.store.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
+from pipelines.core.store.manifests import read_manifest
+from pipelines.core.store.results import Evaluated, StageResult
+from pipelines.core.store.verdicts import Decision
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import atomic_write, locked, replace_dir, scratch
+from pipelines.core.system.integrity import Tampered, check_folder, hashes_digest
+from pipelines.core.system.paths import artifacts_dir, cards_dir, mlruns_dir, workdir
 from pipelines.tracking.names import SHIP_CARD, SHIP_FILES, registered_model_name
 
 R = TypeVar("R", bound=StageResult)
@@ -85,8 +85,9 @@ def logged_result(tracker: Tracker, run_id: str, kind: type[R]) -> R | None:
     return done.result if done is not None and done.inputs_digest == digest else None
 
 
-def fetch_builds(card: ModelCard, tracker: Tracker, precisions: list[str] | None = None,
-                 stages: tuple[str, ...] = JUDGED) -> None:  # fmt: skip
+def fetch_builds(
+    card: ModelCard, tracker: Tracker, precisions: list[str] | None = None, stages: tuple[str, ...] = JUDGED
+) -> None:
     """Each build's `stages` from its current run into the cache, where the cache lacks them."""
     for precision in precisions or card.precisions:
         run_id = tracker.find_run(precision)
@@ -162,8 +163,10 @@ def recorded_files(tracker: Tracker, info: dict[str, str]) -> dict[str, str]:
             f"record: first qeval quantize -m {tracker.model} --precision {info['precision']} --force)"
         )
     if hashes_digest(files) != info["files"]:
-        raise Tampered(f"{what}: the file digests on run {info['run_id']} ({SHIP_FILES}) are not those the gate "
-                       f"registered; the store was changed after the gate: rebuild and gate again")  # fmt: skip
+        raise Tampered(
+            f"{what}: the file digests on run {info['run_id']} ({SHIP_FILES}) are not those the gate "
+            f"registered; the store was changed after the gate: rebuild and gate again"
+        )
     return files
 
 
@@ -171,10 +174,12 @@ def verify(tracker: Tracker, info: dict[str, str], folder: Path) -> int:
     """Tampered naming the first file of `folder` that is not the registered checkpoint's; the files checked."""
     files = recorded_files(tracker, info)
     check_folder(
-        folder, files, f"{registered_model_name(tracker.model)} version {info['version']}",
+        folder,
+        files,
+        f"{registered_model_name(tracker.model)} version {info['version']}",
         "these are not the bytes the gate judged: delete the folder and pull again, or rebuild and gate again",
         extra_ok=(README,),
-    )  # fmt: skip
+    )
     return len(files)
 
 
@@ -187,8 +192,10 @@ def pull(tracker: Tracker, alias: str, folder: Path) -> dict:
         raise QevalError(f"{folder} exists and is not an empty folder; name a new one")
     for kept in (artifacts_dir(), mlruns_dir(), workdir() / "reports", cards_dir()):
         if folder.is_relative_to(kept.resolve()):
-            raise QevalError(f"{folder} is inside {kept}, which qeval keeps (a change there is a tampered build "
-                             f"or a lost result); name a folder outside it")  # fmt: skip
+            raise QevalError(
+                f"{folder} is inside {kept}, which qeval keeps (a change there is a tampered build "
+                f"or a lost result); name a folder outside it"
+            )
     try:
         with scratch(folder, "pull") as landing:
             got = tracker.download_version(alias, landing)
@@ -206,5 +213,10 @@ def pull(tracker: Tracker, alias: str, folder: Path) -> dict:
     except OSError as e:  # a read-only or full place: one line, nothing left half-written
         raise QevalError(f"cannot write the build into {folder}: {e.strerror}; name a writable folder") from None
     files = [f for f in folder.rglob("*") if f.is_file()]
-    return {**got, "folder": str(folder), "files": len(files), "verified": verified,
-            "bytes": sum(f.stat().st_size for f in files)}  # fmt: skip
+    return {
+        **got,
+        "folder": str(folder),
+        "files": len(files),
+        "verified": verified,
+        "bytes": sum(f.stat().st_size for f in files),
+    }

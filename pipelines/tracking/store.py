@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pipelines.core.errors import QevalError
-from pipelines.core.files import locked
-from pipelines.core.net import Unreachable, probe
-from pipelines.core.paths import mlruns_dir
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import locked
+from pipelines.core.system.net import Unreachable, probe
+from pipelines.core.system.paths import mlruns_dir
 
 
 def tracking_uri() -> str:

@@ -1,5 +1,5 @@
 """The tables of what each stage's typed result logs to its build's run: metric name -> how the result
-gives the figure, config field -> param name, and NAMES, every MLflow name qeval writes (README.md,
+gives the figure, config field -> param name, and NAMES, every MLflow name qeval writes (docs/mlflow.md,
 "MLflow layout", lists them; tests/test_tracking.py holds the two to each other).
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from pipelines.core.results import Quantized
+from pipelines.core.store.results import Quantized
 from pipelines.tracking.names import (
     EVAL_METRIC,
     EXPERIMENT,
@@ -315,24 +315,56 @@ def _templated(name: str) -> str:
 NAMES: dict[str, list[str]] = {
     "experiment": [EXPERIMENT],
     "metrics": [
-        *QUANTIZE_METRICS, *BENCH_METRICS, *SERVE_METRICS, *SHAPE_METRICS, *SIZE_METRICS, *GATE_METRICS,
+        *QUANTIZE_METRICS,
+        *BENCH_METRICS,
+        *SERVE_METRICS,
+        *SHAPE_METRICS,
+        *SIZE_METRICS,
+        *GATE_METRICS,
         *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SCENARIO_METRICS),
-        *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC, SERVED_METRIC)), "eval/<task>/<metric>_stderr",
+        *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC, SERVED_METRIC)),
+        "eval/<task>/<metric>_stderr",
         *(_templated(SERVED_DIFF).replace("<bound>", b) for b in ("", "_lower", "_upper")),
-        *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES), *(_templated(GATE_TASK + n) for n in GATE_GENERATION),
+        *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
+        *(_templated(GATE_TASK + n) for n in GATE_GENERATION),
     ],
     "series": [*BENCH_SERIES, *SERVE_SERIES, *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SERIES)],
-    "params": sorted({
-        *QUANTIZE_SETTINGS.values(), *VERIFY_SETTINGS.values(), *EVAL_SETTINGS.values(), *ENGINE_SETTINGS.values(),
-        *LOAD_SETTINGS.values(), *VLLM_SETTINGS.values(), *QUANTIZE_PARAMS, *EVAL_PARAMS, *BENCH_PARAMS,
-        *SERVE_PARAMS, *SHAPE_PARAMS, *map(_templated, [*SHAPE_SCENARIO_PARAMS, *SHAPE_LOAD_SETTINGS.values()]),
-        *SHAPE_VLLM_SETTINGS.values(), *SIZE_PARAMS,
-        _templated(GATE_PARAM), PARAM_PRECISION,
-    }),
+    "params": sorted(
+        {
+            *QUANTIZE_SETTINGS.values(),
+            *VERIFY_SETTINGS.values(),
+            *EVAL_SETTINGS.values(),
+            *ENGINE_SETTINGS.values(),
+            *LOAD_SETTINGS.values(),
+            *VLLM_SETTINGS.values(),
+            *QUANTIZE_PARAMS,
+            *EVAL_PARAMS,
+            *BENCH_PARAMS,
+            *SERVE_PARAMS,
+            *SHAPE_PARAMS,
+            *map(_templated, [*SHAPE_SCENARIO_PARAMS, *SHAPE_LOAD_SETTINGS.values()]),
+            *SHAPE_VLLM_SETTINGS.values(),
+            *SIZE_PARAMS,
+            _templated(GATE_PARAM),
+            PARAM_PRECISION,
+        }
+    ),
     "tags": [
-        TAG_DESCRIPTION, TAG_RUN_COLOUR,
-        TAG_MODEL, TAG_PRECISION, TAG_KIND, TAG_SUPERSEDED, TAG_VERDICT, TAG_REASONS, TAG_CHOSEN, TAG_SHIPS,
-        TAG_COMMIT, TAG_DIRTY, TAG_DIGESTS, *(_templated(t) for t in (TAG_STAGE, TAG_STAGE_ERROR, TAG_NOT_RUN)),
-        TAG_VIEW, TAG_FILES,
+        TAG_DESCRIPTION,
+        TAG_RUN_COLOUR,
+        TAG_MODEL,
+        TAG_PRECISION,
+        TAG_KIND,
+        TAG_SUPERSEDED,
+        TAG_VERDICT,
+        TAG_REASONS,
+        TAG_CHOSEN,
+        TAG_SHIPS,
+        TAG_COMMIT,
+        TAG_DIRTY,
+        TAG_DIGESTS,
+        *(_templated(t) for t in (TAG_STAGE, TAG_STAGE_ERROR, TAG_NOT_RUN)),
+        TAG_VIEW,
+        TAG_FILES,
     ],
-}  # fmt: skip
+}

@@ -30,28 +30,61 @@ def runs_view() -> dict[str, Any]:
         "attributes.`Description`",
         f"params.`{PARAM_PRECISION}`",
         f"tags.`{TAG_VERDICT}`",
-        *(f"metrics.`{m}`" for m in (GATE_RECOVERY_WORST, GATE_RECOVERY_WORST_LOWER, GATE_WEIGHTS_GB, GATE_SPEED,
-                                      GATE_USERS_AT_SLO)),
-    ]  # fmt: skip
+        *(
+            f"metrics.`{m}`"
+            for m in (GATE_RECOVERY_WORST, GATE_RECOVERY_WORST_LOWER, GATE_WEIGHTS_GB, GATE_SPEED, GATE_USERS_AT_SLO)
+        ),
+    ]
 
     def chart(uuid: str, kind: str, name: str, **spec: Any) -> dict[str, Any]:
-        return {"uuid": uuid, "type": kind, "displayName": name, "metricSectionId": section, "deleted": False,
-                "isGenerated": False, "runsCountToCompare": 100, **spec}  # fmt: skip
+        return {
+            "uuid": uuid,
+            "type": kind,
+            "displayName": name,
+            "metricSectionId": section,
+            "deleted": False,
+            "isGenerated": False,
+            "runsCountToCompare": 100,
+            **spec,
+        }
 
     def axis(metric: str) -> dict[str, str]:
         return {"key": metric, "type": "METRIC"}
 
     charts = [
-        chart("qeval-quality-weights", "SCATTER", "worst recovery against weights (GB)",
-              xaxis=axis(GATE_WEIGHTS_GB), yaxis=axis(GATE_RECOVERY_WORST)),
-        chart("qeval-quality-speed", "SCATTER", "worst recovery against the gate's speed figure",
-              xaxis=axis(GATE_SPEED), yaxis=axis(GATE_RECOVERY_WORST)),
+        chart(
+            "qeval-quality-weights",
+            "SCATTER",
+            "worst recovery against weights (GB)",
+            xaxis=axis(GATE_WEIGHTS_GB),
+            yaxis=axis(GATE_RECOVERY_WORST),
+        ),
+        chart(
+            "qeval-quality-speed",
+            "SCATTER",
+            "worst recovery against the gate's speed figure",
+            xaxis=axis(GATE_SPEED),
+            yaxis=axis(GATE_RECOVERY_WORST),
+        ),
         chart("qeval-users", "BAR", "concurrent users within the latency objective", metricKey=GATE_USERS_AT_SLO),
-        chart("qeval-parallel", "PARALLEL", "precision, quality, weights, speed", selectedParams=[PARAM_PRECISION],
-              selectedMetrics=[GATE_RECOVERY_WORST, GATE_WEIGHTS_GB, GATE_SPEED]),  # every regime has these
-    ]  # fmt: skip
-    sections = [{"uuid": section, "name": "qeval: the decision", "display": True, "isReordered": True,
-                 "deleted": False, "isGenerated": False}]  # fmt: skip
+        chart(
+            "qeval-parallel",
+            "PARALLEL",
+            "precision, quality, weights, speed",
+            selectedParams=[PARAM_PRECISION],
+            selectedMetrics=[GATE_RECOVERY_WORST, GATE_WEIGHTS_GB, GATE_SPEED],
+        ),  # every regime has these
+    ]
+    sections = [
+        {
+            "uuid": section,
+            "name": "qeval: the decision",
+            "display": True,
+            "isReordered": True,
+            "deleted": False,
+            "isGenerated": False,
+        }
+    ]
     fixed = ["attributes.`Run Name`", "runDateAndNestInfo", "duration"]  # the UI's own column ids
     return {
         "selectedColumns": columns,

@@ -109,9 +109,11 @@ def needle_items(chapters: list[corpus.Chapter], rng: random.Random, needle: boo
     tokenizer = Tokenizer.from_file(str(TOKENIZER))
     count = lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)  # noqa: E731
     candidates = [
-        (ci, verse) for ci, c in enumerate(chapters) for verse in c.text.split("\n")
+        (ci, verse)
+        for ci, c in enumerate(chapters)
+        for verse in c.text.split("\n")
         if 3 <= len(verse.split(" ")) - max(2, len(verse.split(" ")) // 3) <= CONTINUE_MAX_WORDS
-    ]  # fmt: skip
+    ]
     items = []
     for k, (ci, verse) in enumerate(sorted(rng.sample(candidates, NEEDLE_DRAWN))):
         words = verse.split(" ")

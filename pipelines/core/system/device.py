@@ -5,7 +5,7 @@ CPU and nothing starts. A child, because `torch.cuda` in qeval's own process wou
 there, holding GPU memory beside the servers and children that do the work for as long as qeval runs.
 torch's answer, not the driver's: a CPU build of torch in `.venv` on a GPU machine runs every child on the
 CPU, and is recorded so (with a warning), not as the GPU it never used. The GPU's name and compute
-capability are part of every stage's cache key (pipelines/core/code.py), so an A100's results are not reused
+capability are part of every stage's cache key (pipelines/core/framework/code.py), so an A100's results are not reused
 on an H100.
 """
 
@@ -84,8 +84,9 @@ def from_probe(found: dict) -> ComputeDevice:
         major, minor = found["capability"]
         return ComputeDevice("cuda", found["name"], (int(major), int(minor)), found.get("memory"), found["count"])
     build = "a CPU build" if not found.get("built_with_cuda") else f"built for CUDA {found['built_with_cuda']}"
-    return ComputeDevice("cpu", why_cpu=f"an NVIDIA GPU is installed, but torch {found.get('torch')} here is {build} "
-                                        f"and cannot use it")  # fmt: skip
+    return ComputeDevice(
+        "cpu", why_cpu=f"an NVIDIA GPU is installed, but torch {found.get('torch')} here is {build} and cannot use it"
+    )
 
 
 @cache
@@ -98,6 +99,9 @@ def compute_device() -> ComputeDevice:
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError) as e:
         found = ComputeDevice("cpu", why_cpu=f"an NVIDIA GPU is installed, but torch here did not answer ({e})")
     if found.why_cpu:
-        log.warning("%s: every stage runs on the CPU; a CUDA build of torch in .venv fixes it (make clean-venv, "
-                    "then make venv on this machine)", found.why_cpu)  # fmt: skip
+        log.warning(
+            "%s: every stage runs on the CPU; a CUDA build of torch in .venv fixes it (make clean-venv, "
+            "then make venv on this machine)",
+            found.why_cpu,
+        )
     return found

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pipelines.core.manifests import Manifest
-from pipelines.core.verdicts import Decision
+from pipelines.core.store.manifests import Manifest
+from pipelines.core.store.verdicts import Decision
 
 
 class ParamsChanged(Exception):
@@ -82,7 +82,7 @@ class Tracker(Protocol):
         (Markdown, pipelines/present/shipcard.py) becomes the version's description and the run's
         `ship/README.md` (without one, the description is `why`); `files`, the checkpoint's files by sha256 as
         the gate judged them, become the run's `ship/files.json` and their digest a tag of the version
-        (pipelines/core/integrity.py), which `qeval pull` and `qeval verify` check against."""
+        (pipelines/core/system/integrity.py), which `qeval pull` and `qeval verify` check against."""
         ...
 
     def clear_ship(self) -> None:

@@ -2,7 +2,7 @@
 
 Outputs (artifacts/, mlruns/, reports/) go under the repository root, or under $QEVAL_WORKDIR when it is
 set (tests and parallel checkouts use that to keep their stores apart). Model cards are read from
-pipelines/models/, or from $QEVAL_CARDS_DIR. What lies under artifacts/ is pipelines/core/layout.py's.
+pipelines/models/, or from $QEVAL_CARDS_DIR. What lies under artifacts/ is pipelines/core/store/layout.py's.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]  # this file is pipelines/core/system/paths.py
 
 
 def cards_dir() -> Path:

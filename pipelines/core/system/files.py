@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipelines.core.errors import QevalError
+from pipelines.core.system.errors import QevalError
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

@@ -1,13 +1,13 @@
 """Run one library function in a fresh Python process, so that each build's work is isolated.
 
-    python -m pipelines.core.child eval.accuracy:evaluate_accuracy CONFIG.json OUT_DIR
+    python -m pipelines.core.system.child eval.accuracy:evaluate_accuracy CONFIG.json OUT_DIR
 
 The function takes (config, out_dir) and returns a pydantic model. The child writes result.json, or
 error.json with one line, into OUT_DIR; its output (third-party progress bars and warnings among it)
 goes to the stage's log file, and to the parent's stderr only with `qeval --verbose`; its latest line
-is the step that qeval's progress lines report (pipelines/core/progress.py).
+is the step that qeval's progress lines report (pipelines/core/system/progress.py).
 A fresh process per build keeps one build's weights, kernels and memory peak out of another's figures; where
-pipelines/core/warm.py can, that process is forked from a Python that has imported the job's libraries once.
+pipelines/core/system/warm.py can, that process is forked from a Python that has imported the job's libraries once.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import TypeVar, get_type_hints
 
 from pydantic import BaseModel
 
-from pipelines.core import job, progress, warm
-from pipelines.core.errors import QevalError
-from pipelines.core.paths import REPO_ROOT
+from pipelines.core.system import job, progress, warm
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.paths import REPO_ROOT
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -46,7 +46,7 @@ def run_child(
     """Run library function `fn` (config, out_dir) -> result on `config` in a child process; its result.
 
     The function is passed, not its name, so that the stage that calls it imports its module: the stage's
-    cache key covers its code (pipelines/core/code.py). `python`: another environment's interpreter to run it
+    cache key covers its code (pipelines/core/framework/code.py). `python`: another environment's interpreter to run it
     (the engine's, .venv-vllm, for lm-eval's vllm backend); it imports qeval from the repository it runs in."""
     target = f"{fn.__module__}:{fn.__name__}"
     result_type = get_type_hints(fn)["return"]
@@ -66,8 +66,11 @@ def run_child(
                 warm.give(forks, healthy=healthy)
             code = forks.code if forks.code is not None else forks.proc.returncode
         else:
-            code = _fresh([python or sys.executable, "-m", "pipelines.core.child", target, str(cfg_path),
-                           str(out_dir)], child_env, log)  # fmt: skip
+            code = _fresh(
+                [python or sys.executable, "-m", "pipelines.core.system.child", target, str(cfg_path), str(out_dir)],
+                child_env,
+                log,
+            )
     if (trace := out_dir / "traceback.txt").is_file():
         with open(log_file, "ab") as log:
             log.write(trace.read_bytes())

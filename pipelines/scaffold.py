@@ -19,10 +19,10 @@ from pathlib import Path
 import yaml
 
 from eval.sizing import Shape, positive_int
-from pipelines.core.cards import parse_card
-from pipelines.core.errors import QevalError
-from pipelines.core.files import atomic_write
-from pipelines.core.paths import REPO_ROOT, cards_dir, shown_path
+from pipelines.core.card.cards import parse_card
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import atomic_write
+from pipelines.core.system.paths import REPO_ROOT, cards_dir, shown_path
 from quant.recipes import GROUP_SIZE
 
 CONFIGS = REPO_ROOT / "eval" / "configs"
@@ -73,8 +73,10 @@ def read_config(source: str, revision: str) -> tuple[dict, Path | None]:
     try:
         path = hf_hub_download(source, "config.json", revision=revision)
     except Exception as e:  # offline, gated, unknown: one line, the fix
-        raise QevalError(f"cannot read {source}'s config.json ({type(e).__name__}); download the model where the "
-                         f"hub is reachable and point qeval init at its folder") from None  # fmt: skip
+        raise QevalError(
+            f"cannot read {source}'s config.json ({type(e).__name__}); download the model where the "
+            f"hub is reachable and point qeval init at its folder"
+        ) from None
     return _json(Path(path)), None
 
 
@@ -109,8 +111,10 @@ def scaffold(source: str, *, name: str | None = None, revision: str = "main") ->
     except ValueError as e:
         raise QevalError(f"{source}: {e}") from None
     if context < MIN_CONTEXT:
-        raise QevalError(f"{source}: max_position_embeddings is {context}; qeval makes cards for a context of "
-                         f"{MIN_CONTEXT} positions or more (a speed grid of at least 2 output tokens)")  # fmt: skip
+        raise QevalError(
+            f"{source}: max_position_embeddings is {context}; qeval makes cards for a context of "
+            f"{MIN_CONTEXT} positions or more (a speed grid of at least 2 output tokens)"
+        )
     guesses = []
     group = group_size(shape)
     precisions = ["bf16", "fp8", "int8", "awq", "gptq"] if group >= 32 else ["bf16", "fp8", "int8"]
@@ -119,8 +123,10 @@ def scaffold(source: str, *, name: str | None = None, revision: str = "main") ->
     elif group != GROUP_SIZE:
         guesses.append(f"4-bit group size {group}: {GROUP_SIZE} does not divide every quantized layer's input width")
     input_len, output_len = min(512, context // 4), min(128, context // 8)
-    guesses.append(f"speed grid {input_len} tokens in, {output_len} out, 1 to 16 users, within the {context}-position "
-                   f"context; objective TTFT p95 2 s, TPOT p95 50 ms (interactive chat): edit speed:")  # fmt: skip
+    guesses.append(
+        f"speed grid {input_len} tokens in, {output_len} out, 1 to 16 users, within the {context}-position "
+        f"context; objective TTFT p95 2 s, TPOT p95 50 ms (interactive chat): edit speed:"
+    )
     guesses.append(f"accuracy tasks {', '.join(PLACEHOLDER_TASKS)} are placeholders: edit accuracy.tasks")
     shipped = None
     if folder is not None:
@@ -128,16 +134,18 @@ def scaffold(source: str, *, name: str | None = None, revision: str = "main") ->
         source_lines = f"  path: {_scalar(str(where))}"
     else:
         shipped = CONFIGS / f"{name}.json"
-        source_lines = "\n".join([
-            f"  hub_id: {_scalar(source)}",
-            f"  revision: {_scalar(revision)}   # pin a commit hash for reproducible builds",
-            f"  config: {_scalar(str(shown_path(shipped)))}   # the architecture: the speed half needs no weights",
-        ])  # fmt: skip
+        source_lines = "\n".join(
+            [
+                f"  hub_id: {_scalar(source)}",
+                f"  revision: {_scalar(revision)}   # pin a commit hash for reproducible builds",
+                f"  config: {_scalar(str(shown_path(shipped)))}   # the architecture: the speed half needs no weights",
+            ]
+        )
         guesses.append("calibration from HuggingFaceH4/ultrachat_200k (256 prompts): edit calibration: for your domain")
     calibration = (
         "calibration:\n  dataset: HuggingFaceH4/ultrachat_200k\n  split: train_sft\n  text_field: prompt\n"
         f"  num_samples: 256\n  max_seq_length: {min(2048, context)}\n"
-    )  # fmt: skip
+    )
     size = f"{shape.layers} layers, hidden {shape.hidden}, vocabulary {shape.vocab:,}"
     described = f"{(config.get('architectures') or ['model'])[0]} from {source} ({size})"
     text = f"""# Written by `qeval init {_scalar(source)}`; every guess is marked. Check it with `qeval models`.

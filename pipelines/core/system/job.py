@@ -1,5 +1,5 @@
-"""The work of one child (pipelines/core/child.py, or a fork of pipelines/core/warm.py): run a library function
-on its config file, and write its result (result.json), or its error in one line (error.json, with the
+"""The work of one child (pipelines/core/system/child.py, or a fork of pipelines/core/system/warm.py): run a
+library function on its config file, and write its result (result.json), or its error in one line (error.json, with the
 traceback in traceback.txt for the log)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A stage's name is its folder under artifacts/<model>/<precision>/, its MLflow tag `qeval.stage.<name>`
 and the word `qeval run --skip` takes. The run order (pipelines/run.py), the Ray fan-out
 (pipelines/fanout.py), the read-back from the store (pipelines/tracking/readback.py), the stage framework's
-cache key (pipelines/core/runner.py: the code of `function`'s module and what it imports) and the error
+cache key (pipelines/core/framework/runner.py: the code of `function`'s module and what it imports) and the error
 that names the command to run all read it from here. Functions are named by import path, so that this
 module imports no stage.
 """
@@ -15,20 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from pipelines.core.errors import QevalError
-from pipelines.core.manifests import finished
-from pipelines.core.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
+from pipelines.core.store.manifests import finished
+from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
+from pipelines.core.system.errors import QevalError
 from quant.registry import lookup
 
 if TYPE_CHECKING:
-    from pipelines.core.cards import ModelCard
+    from pipelines.core.card.cards import ModelCard
 
 R = TypeVar("R", bound=StageResult)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StageSpec:
-    """One stage of a build."""
+    """One stage of a build (every field by name: its booleans say nothing by position)."""
 
     name: str
     result: type[StageResult]
@@ -59,23 +59,64 @@ class StageSpec:
 STAGES: dict[str, StageSpec] = {
     s.name: s
     for s in (
-        StageSpec("quantize", Quantized, "pipelines.stages.quantize:quantize", "quantize", "quantize", False, False),
-        StageSpec("evaluate", Evaluated, "pipelines.stages.evaluate:evaluate", "evaluate", "evaluate", True, True),
-        StageSpec("bench", Benched, "pipelines.stages.bench:bench", "bench", "bench", True, True),
+        StageSpec(
+            name="quantize",
+            result=Quantized,
+            function="pipelines.stages.quantize:quantize",
+            command="quantize",
+            make_target="quantize",
+            needs_baseline=False,
+            judged=False,
+        ),
+        StageSpec(
+            name="evaluate",
+            result=Evaluated,
+            function="pipelines.stages.evaluate:evaluate",
+            command="evaluate",
+            make_target="evaluate",
+            needs_baseline=True,
+            judged=True,
+        ),
+        StageSpec(
+            name="bench",
+            result=Benched,
+            function="pipelines.stages.bench:bench",
+            command="bench",
+            make_target="bench",
+            needs_baseline=True,
+            judged=True,
+        ),
         # random weights at the model's shape: what runs where the weights do not, never beside them
         StageSpec(
-            "shape",
-            AtShape,
-            "pipelines.stages.shape:shape",
-            "shape",
-            "shape",
-            False,
-            True,
+            name="shape",
+            result=AtShape,
+            function="pipelines.stages.shape:shape",
+            command="shape",
+            make_target="shape",
+            needs_baseline=False,
+            judged=True,
             needs_weights=False,
             full_run=False,
         ),
-        StageSpec("size", Sized, "pipelines.stages.size:size", "size --log", "size", False, True, needs_weights=False),
-        StageSpec("serve", Served, "pipelines.stages.serve:serve", "serve", "serve", False, True),
+        StageSpec(
+            name="size",
+            result=Sized,
+            function="pipelines.stages.size:size",
+            command="size --log",
+            make_target="size",
+            needs_baseline=False,
+            judged=True,
+            needs_weights=False,
+        ),
+        StageSpec(
+            name="serve",
+            result=Served,
+            function="pipelines.stages.serve:serve",
+            command="serve",
+            make_target="serve",
+            needs_baseline=False,
+            judged=True,
+        ),
     )
 }
 JUDGED = tuple(name for name, s in STAGES.items() if s.judged)

@@ -2,7 +2,7 @@
 doing, the time it has taken and an estimate of the rest.
 
 Third-party output (progress bars, warnings) goes to the stage's log file, not the console
-(pipelines/core/child.py); the latest line of it is what `step` reports here, shortened. The state is this
+(pipelines/core/system/child.py); the latest line of it is what `step` reports here, shortened. The state is this
 process's (the running step, the seconds of the builds done); reset() clears it.
 """
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pipelines.core.errors import QevalError
+from pipelines.core.system.errors import QevalError
 
 log = logging.getLogger(__name__)
 

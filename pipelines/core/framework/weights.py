@@ -10,15 +10,15 @@ import os
 from pathlib import Path
 
 from eval.sizing import Shape
-from pipelines.core.cards import ModelCard
-from pipelines.core.errors import QevalError
-from pipelines.core.files import file_digest
-from pipelines.core.integrity import Tampered, check_safetensors
-from pipelines.core.layout import CHECKPOINT_DIR, stage_dir
-from pipelines.core.manifests import finished
-from pipelines.core.net import Unreachable, probe
-from pipelines.core.paths import resolve_repo_path
-from pipelines.core.results import Quantized
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.store.layout import CHECKPOINT_DIR, stage_dir
+from pipelines.core.store.manifests import finished
+from pipelines.core.store.results import Quantized
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import file_digest
+from pipelines.core.system.integrity import Tampered, check_safetensors
+from pipelines.core.system.net import Unreachable, probe
+from pipelines.core.system.paths import resolve_repo_path
 from quant.precisions import get_precision
 
 log = logging.getLogger(__name__)
@@ -53,16 +53,20 @@ def resolve_weights(card: ModelCard) -> str:
         pass
     unavailable = f"model '{card.name}': weights for {src.location} are not in the local cache"
     if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise QevalError(f"{unavailable} and the hub is off (HF_HUB_OFFLINE=1); download them where it is "
-                         f"reachable or set source.path to a local copy")  # fmt: skip
+        raise QevalError(
+            f"{unavailable} and the hub is off (HF_HUB_OFFLINE=1); download them where it is "
+            f"reachable or set source.path to a local copy"
+        )
     _check_hub(card, unavailable)
     try:
         folder = snapshot_download(src.hub_id, revision=src.revision, allow_patterns=_WEIGHT_FILES)
     except Exception as e:  # httpx, requests and the hub's own errors alike: one line, the fix
         if refused := _refusal(e):
             raise WeightsRefused(f"model '{card.name}': the hub refused {src.location} ({refused})") from None
-        raise QevalError(f"{unavailable} and the download failed ({type(e).__name__}); download them where the "
-                         f"hub is reachable or set source.path to a local copy") from None  # fmt: skip
+        raise QevalError(
+            f"{unavailable} and the download failed ({type(e).__name__}); download them where the "
+            f"hub is reachable or set source.path to a local copy"
+        ) from None
     return require_safetensors(card, Path(folder))
 
 
@@ -76,8 +80,10 @@ def _refusal(e: Exception) -> str | None:
     name = type(e).__name__
     status = getattr(getattr(e, "response", None), "status_code", None)
     if name == "GatedRepoError" or status in (401, 403):
-        return (f"HTTP {status or 403}: gated or private, and this machine has no access; accept its licence on the "
-                f"hub, then log in (`hf auth login`, or HF_TOKEN)")  # fmt: skip
+        return (
+            f"HTTP {status or 403}: gated or private, and this machine has no access; accept its licence on the "
+            f"hub, then log in (`hf auth login`, or HF_TOKEN)"
+        )
     if name in ("RepositoryNotFoundError", "RevisionNotFoundError") or status == 404:
         return f"HTTP {status or 404}: no such repository or revision; check source.hub_id and source.revision"
     return None
@@ -125,8 +131,12 @@ def _warn_custom_code(card: ModelCard, folder: Path) -> None:
     code = sorted(p.name for p in folder.glob("*.py"))
     if (names_code or code) and not card.source.trust_remote_code:
         shown = f" ({', '.join(code[:3])})" if code else ""
-        log.warning("model '%s': its checkpoint names code of its own%s, which qeval neither runs nor copies into "
-                    "builds (source.trust_remote_code is off)", card.name, shown)  # fmt: skip
+        log.warning(
+            "model '%s': its checkpoint names code of its own%s, which qeval neither runs nor copies into "
+            "builds (source.trust_remote_code is off)",
+            card.name,
+            shown,
+        )
 
 
 def missing_files(card: ModelCard) -> list[str]:

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipelines.core.errors import QevalError
+from pipelines.core.system.errors import QevalError
 
 MAX_HEADER = 100_000_000  # the safetensors crate's own limit on a header's length
 
@@ -69,8 +69,9 @@ def differences(folder: Path, recorded: Mapping[str, str], extra_ok: tuple[str, 
     return found
 
 
-def check_folder(folder: Path, recorded: Mapping[str, str], what: str, fix: str,
-                 extra_ok: tuple[str, ...] = ()) -> None:  # fmt: skip
+def check_folder(
+    folder: Path, recorded: Mapping[str, str], what: str, fix: str, extra_ok: tuple[str, ...] = ()
+) -> None:
     """Tampered naming the first file that is not as recorded, what it is and the fix; nothing when whole."""
     if problems := differences(folder, recorded, extra_ok):
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -84,13 +85,17 @@ def check_safetensors(path: Path) -> None:
         head = fh.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         if n < 2 or n > min(MAX_HEADER, size - 8):
-            raise QevalError(f"{path} is not a whole safetensors file ({size:,} bytes, no readable header): "
-                             f"truncated or not weights; copy it again")  # fmt: skip
+            raise QevalError(
+                f"{path} is not a whole safetensors file ({size:,} bytes, no readable header): "
+                f"truncated or not weights; copy it again"
+            )
         try:
             header = json.loads(fh.read(n))
             end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             raise QevalError(f"{path} has a safetensors header that cannot be read; copy it again") from None
     if 8 + n + end != size:
-        raise QevalError(f"{path} is {size:,} bytes but its safetensors header accounts for {8 + n + end:,}: "
-                         f"{'truncated' if size < 8 + n + end else 'not as written'}; copy it again")  # fmt: skip
+        raise QevalError(
+            f"{path} is {size:,} bytes but its safetensors header accounts for {8 + n + end:,}: "
+            f"{'truncated' if size < 8 + n + end else 'not as written'}; copy it again"
+        )

@@ -1,5 +1,5 @@
 """The one logging set-up: qeval's own lines to the console, its detail and the libraries' to each stage's
-log (pipelines/core/runner.py adds that file while a stage runs), the libraries quieted.
+log (pipelines/core/framework/runner.py adds that file while a stage runs), the libraries quieted.
 
 Called by the command line and by a Ray worker running a build's stages (pipelines/fanout.py); nothing
 is configured at import time.
@@ -28,8 +28,9 @@ def setup(*, verbose: bool = False, rich_console=None) -> None:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     console.setLevel(logging.DEBUG if verbose else logging.INFO)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[console],
-                        force=True)  # fmt: skip
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[console], force=True
+    )
     for name in OURS:
         logging.getLogger(name).setLevel(logging.DEBUG)
     for name, level in QUIET.items():

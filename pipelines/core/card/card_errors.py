@@ -1,5 +1,5 @@
 """A card's validation error as the one line qeval prints: the key, what is expected, and the wrong value
-described rather than echoed (pipelines/core/cards.py's parse_card)."""
+described rather than echoed (pipelines/core/card/cards.py's parse_card)."""
 
 from __future__ import annotations
 

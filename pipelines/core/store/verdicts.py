@@ -15,12 +15,12 @@ from pydantic import Field, ValidationError
 
 from eval.paired import Generation
 from eval.stats import Comparison, Verdict
-from pipelines.core.cards import Gate
-from pipelines.core.errors import QevalError
-from pipelines.core.files import atomic_write
-from pipelines.core.layout import gate_file
-from pipelines.core.manifests import CodeVersion
-from pipelines.core.results import Record
+from pipelines.core.card.cards import Gate
+from pipelines.core.store.layout import gate_file
+from pipelines.core.store.manifests import CodeVersion
+from pipelines.core.store.results import Record
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import atomic_write
 from quant.execution import Execution
 
 
@@ -52,8 +52,10 @@ class CostFigure:
             return f"on {self.device}: {self.why} ({where})"
         if self.usd_per_mtok is None:
             return f"on {self.device}: {self.devices} devices, no price ({where})"
-        return (f"${self.usd_per_mtok:.3g} per 1M output tokens on {self.device} ({self.devices} devices, "
-                f"${self.usd_per_hour:,.2f}/h; {where})")  # fmt: skip
+        return (
+            f"${self.usd_per_mtok:.3g} per 1M output tokens on {self.device} ({self.devices} devices, "
+            f"${self.usd_per_hour:,.2f}/h; {where})"
+        )
 
 
 @dataclass(frozen=True)
@@ -144,5 +146,6 @@ def read_decision(model: str) -> Decision:
     except OSError:
         raise QevalError(f"{model}: no gate decision at {path}; run: qeval gate --model {model}") from None
     except ValidationError as e:
-        raise QevalError(f"{path} is not a gate decision of this qeval ({e.error_count()} errors); "
-                         f"run: qeval gate --model {model}") from None  # fmt: skip
+        raise QevalError(
+            f"{path} is not a gate decision of this qeval ({e.error_count()} errors); run: qeval gate --model {model}"
+        ) from None

@@ -1,4 +1,4 @@
-"""The on-disk layout of a model's artifacts (under pipelines/core/paths.py's artifacts_dir()):
+"""The on-disk layout of a model's artifacts (under pipelines/core/system/paths.py's artifacts_dir()):
 
 artifacts/<model>/<precision>/<stage>/manifest.json   how the stage ran, and its typed result
 artifacts/<model>/<precision>/<stage>/stage.log       qeval's lines and its children's output
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.core.paths import artifacts_dir
+from pipelines.core.system.paths import artifacts_dir
 from quant.build import CHECKPOINT_DIR
 
 MANIFEST = "manifest.json"

@@ -1,9 +1,10 @@
-"""The typed results the stages leave (the manifest that holds each one: pipelines/core/manifests.py).
+"""The typed results the stages leave (the manifest that holds each one: pipelines/core/store/manifests.py).
 
 The stages hand each other these types, never MLflow names or each other's files: a stage reads
-another's result with finished() (pipelines/core/manifests.py) or require() (pipelines/core/registry.py),
-and a build's weights with checkpoint_for() (pipelines/core/weights.py). How each field reaches MLflow
-is pipelines/tracking/'s business; where each file lies is pipelines/core/layout.py's.
+another's result with finished() (pipelines/core/store/manifests.py) or require()
+(pipelines/core/framework/registry.py), and a build's weights with checkpoint_for()
+(pipelines/core/framework/weights.py). How each field reaches MLflow is pipelines/tracking/'s business;
+where each file lies is pipelines/core/store/layout.py's.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from eval.paired import PREFERRED_METRICS
 from eval.records import AccuracyResult
 from eval.serving import LevelMetrics
 from eval.sizing import Assumptions, Fit
-from pipelines.core.cards import Slo
-from pipelines.core.integrity import differences
-from pipelines.core.layout import CHECKPOINT_DIR
+from pipelines.core.card.cards import Slo
+from pipelines.core.store.layout import CHECKPOINT_DIR
+from pipelines.core.system.integrity import differences
 from quant.build import QuantizeConfig, QuantizeResult
 from quant.execution import Execution
 from quant.verify import VerifyConfig, VerifyResult
@@ -41,7 +42,8 @@ class StageResult(Record):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     STAGE: ClassVar[str]
-    """The stage's name (pipelines/core/registry.py): its folder, its MLflow tag, `qeval run --skip`'s word."""
+    """The stage's name (pipelines/core/framework/registry.py): its folder, its MLflow tag, the word
+    `qeval run --skip` takes."""
     KEPT_LOCALLY: ClassVar[tuple[str, ...]] = ()
     """Entries of the stage's folder logged only to a store on another machine: in a store on this machine's
     disk they would be a second copy of what qeval keeps beside it."""
@@ -197,8 +199,9 @@ class ServedOn(Record):
 
     engine: str
     vllm: VllmSettings | None = None
-    device_name: str | None = Field(None, description="the GPU it was served on, as torch names it (None: a CPU, "
-                                    "or a server the user runs)")  # fmt: skip
+    device_name: str | None = Field(
+        None, description="the GPU it was served on, as torch names it (None: a CPU, or a server the user runs)"
+    )
 
     @property
     def device(self) -> str | None:
@@ -299,8 +302,10 @@ class Served(StageResult, ServedOn):
             found = self.accuracy.findings
             served = "; served accuracy " + (f"differs on {', '.join(found)}" if found else "matches offline")
         missed = f"; NOT RUN: {self.not_run}" if self.not_run else ""
-        return (f"{engine}: {self.max_users_at_slo} users at the SLO; {levels}; {self.failed_requests} failed"
-                f"{served}{missed}")  # fmt: skip
+        return (
+            f"{engine}: {self.max_users_at_slo} users at the SLO; {levels}; {self.failed_requests} failed"
+            f"{served}{missed}"
+        )
 
 
 class Probe(Record):

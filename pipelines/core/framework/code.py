@@ -18,9 +18,9 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-from pipelines.core.device import compute_device
-from pipelines.core.manifests import CodeVersion
-from pipelines.core.paths import REPO_ROOT
+from pipelines.core.store.manifests import CodeVersion
+from pipelines.core.system.device import compute_device
+from pipelines.core.system.paths import REPO_ROOT
 
 FIRST_PARTY = ("quant", "eval", "pipelines", "refmodel")
 _VERSIONED = ["torch", "transformers", "lm_eval", "llmcompressor", "compressed-tensors", "mlflow"]
@@ -92,7 +92,7 @@ def environment() -> dict[str, object]:
     """What a stage's result depends on besides its inputs and code: the libraries that compute it (this
     environment's; vLLM's own venv is in the serve and shape stages' inputs), the threads its children use
     (two INT8 checkpoints differed between 2 threads and 1), and the device torch computes on here (a GPU by
-    its name and compute capability: pipelines/core/device.py). Part of every stage's cache key, so that a
+    its name and compute capability: pipelines/core/system/device.py). Part of every stage's cache key, so that a
     change reruns the baseline beside the builds."""
     threads = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
     libraries = {}

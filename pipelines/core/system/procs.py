@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipelines.core.errors import QevalError
-from pipelines.core.net import answers
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.net import answers
 
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 
@@ -74,6 +74,8 @@ def running(cmd: list[str], log_path: Path, timeout: float, what: str, env: dict
     finally:
         if proc.poll() is None:  # what the server writes from here on is its shutdown, not a fault
             with log_path.open("a") as log:
-                log.write(f"\n---- qeval stops {what} now (SIGTERM); what follows is its shutdown: a traceback such as "
-                          f"vLLM's EngineDeadError below is how it ends, not a failure ----\n")  # fmt: skip
+                log.write(
+                    f"\n---- qeval stops {what} now (SIGTERM); what follows is its shutdown: a traceback such as "
+                    f"vLLM's EngineDeadError below is how it ends, not a failure ----\n"
+                )
         stop_process_group(proc)

@@ -31,8 +31,13 @@ class Traffic(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     users: Annotated[int, Field(ge=1, le=MAX_USERS)] | None = Field(None, description="peak concurrent users")
-    rate_rps: float | None = Field(None, ge=MIN_RATE_RPS, le=MAX_RATE_RPS, allow_inf_nan=False,
-                                   description="peak requests per second (instead of users)")  # fmt: skip
+    rate_rps: float | None = Field(
+        None,
+        ge=MIN_RATE_RPS,
+        le=MAX_RATE_RPS,
+        allow_inf_nan=False,
+        description="peak requests per second (instead of users)",
+    )
     scenario: str | None = Field(None, description="the scenario the traffic is in; null: the card's main one")
     prices: dict[str, Annotated[float, Field(ge=MIN_PRICE, le=MAX_PRICE, allow_inf_nan=False)]] = Field(
         {}, description=f"$ per hour of one device, by GPU name (eval/gpus.py) or '{CPU}'"

@@ -1,9 +1,9 @@
 """A warm Python for the children: it imports once what a kind of job needs, then forks a fresh process per job.
 
-    python -m pipelines.core.warm NONCE
+    python -m pipelines.core.system.warm NONCE
 
 reads one job a line on its stdin (a JSON list: the target `module:function`, its config file, its output
-folder), runs it in a fork as pipelines/core/child.py runs it in a fresh process, and when the fork has
+folder), runs it in a fork as pipelines/core/system/child.py runs it in a fresh process, and when the fork has
 exited writes `NONCE <exit status>` on its stdout, after every byte the job wrote there. Before its first fork
 it imports the target's module and the names in the module's WARM_IMPORTS (lm-eval, transformers, torch: the
 seconds every child would otherwise spend importing them again). It leaves when its stdin closes.
@@ -29,10 +29,10 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines.core import job
-from pipelines.core.device import driver_present
-from pipelines.core.paths import REPO_ROOT
-from pipelines.core.procs import stop_process_group
+from pipelines.core.system import job
+from pipelines.core.system.device import driver_present
+from pipelines.core.system.paths import REPO_ROOT
+from pipelines.core.system.procs import stop_process_group
 
 
 def usable(python: str | None) -> bool:
@@ -47,10 +47,14 @@ class Warm:
         self.env = env
         self.nonce = secrets.token_hex(12).encode()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.core.warm", self.nonce.decode()],
-            cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "pipelines.core.system.warm", self.nonce.decode()],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its forks share its group, so that an interrupt stops them together
-        )  # fmt: skip
+        )
         self.code: int | None = None
 
     def run(self, target: str, config: Path, out: Path) -> Iterator[bytes]:

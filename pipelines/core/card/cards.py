@@ -15,11 +15,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eval.gpus import get_gpu
-from pipelines.core.card_errors import describe
-from pipelines.core.errors import QevalError
-from pipelines.core.gating import Gate
-from pipelines.core.paths import cards_dir
-from pipelines.core.traffic import CPU, Traffic
+from pipelines.core.card.card_errors import describe
+from pipelines.core.card.gating import Gate
+from pipelines.core.card.traffic import CPU, Traffic
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.paths import cards_dir
 from quant import recipes
 from quant.precisions import get_precision, variants_problem
 from quant.registry import suggest
@@ -99,9 +99,8 @@ class Accuracy(_Strict):
         "long-context model's 131,072 would make a batch of logits no GPU holds)",
     )
     max_seq_lengths: list[PositiveInt] | None = Field(
-        None, description="lengths lm-eval's long-context tasks (RULER's niah_*) generate documents at, each "
-        "within max_length; null: lm-eval's default (4,096)"
-    )  # fmt: skip
+        None, description="document lengths of RULER's niah_* tasks, each within max_length; null: lm-eval's 4,096"
+    )
 
 
 # What one grid point may ask for at most, whatever the machine: beyond these a card is a typo, not a plan
@@ -201,9 +200,11 @@ class Server(_Strict):
     warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency before the sweep")
     timeout_s: float = Field(120, gt=0, description="per request; a request that takes longer fails")
     warmup_timeout_s: float | None = Field(
-        None, gt=0, description="the first warm-up request, which may load the model; null: 300 s for a server "
-        "qeval starts (transformers serve loads at its first request), timeout_s for one you run (--url)"
-    )  # fmt: skip
+        None,
+        gt=0,
+        description="the first warm-up request, which may load the model; null: 300 s for a server "
+        "qeval starts (transformers serve loads at its first request), timeout_s for one you run (--url)",
+    )
     start_timeout_s: float = Field(300, gt=0, description="time the server may take to answer /health")
     tensor_parallel: PositiveInt | None = Field(
         None, description="vLLM: GPUs a build is split over; null: 1, or what the size stage says it needs"
@@ -256,8 +257,10 @@ class ModelCard(_Strict):
             raise ValueError(f"accuracy.num_fewshot names tasks not in accuracy.tasks: {sorted(odd)}")
         window = self.accuracy.max_length or self.server.max_model_len
         if window and (longer := [n for n in self.accuracy.max_seq_lengths or () if n > window]):
-            raise ValueError(f"accuracy.max_seq_lengths {longer} are longer than the {window}-token context window "
-                             f"(accuracy.max_length, else server.max_model_len)")  # fmt: skip
+            raise ValueError(
+                f"accuracy.max_seq_lengths {longer} are longer than the {window}-token context window "
+                f"(accuracy.max_length, else server.max_model_len)"
+            )
         served = set(self.server.served_tasks or []) - set(self.accuracy.tasks)
         if served:
             raise ValueError(f"server.served_tasks: {sorted(served)} are not among accuracy.tasks")
@@ -307,8 +310,10 @@ class ModelCard(_Strict):
         known = self.speed.operating_points
         for name in names:
             if name not in known:
-                raise QevalError(f"model '{self.name}' has no scenario '{name}'{suggest(name, list(known))}; its "
-                                 f"card lists: {', '.join(known)}")  # fmt: skip
+                raise QevalError(
+                    f"model '{self.name}' has no scenario '{name}'{suggest(name, list(known))}; its "
+                    f"card lists: {', '.join(known)}"
+                )
         chosen = {n: known[n] for n in dict.fromkeys(names)}
         return self.model_copy(update={"speed": self.speed.model_copy(update={"scenarios": chosen})})
 
@@ -321,8 +326,10 @@ class ModelCard(_Strict):
                 fitted[name] = (sc, None)
                 continue
             if sc.output_len >= positions:
-                raise QevalError(f"model '{self.name}': scenario '{name}' asks for {sc.output_len} output tokens, and "
-                                 f"the model has {positions} positions; shorten its output_len")  # fmt: skip
+                raise QevalError(
+                    f"model '{self.name}': scenario '{name}' asks for {sc.output_len} output tokens, and "
+                    f"the model has {positions} positions; shorten its output_len"
+                )
             cut = sc.model_copy(update={"input_len": positions - sc.output_len})
             fitted[name] = (cut, f"cut from {sc.input_len} tokens in: the model has {positions} positions")
         return fitted
@@ -394,8 +401,10 @@ def check_name(name: str) -> str:
     """`name`, if it can be a card's name; nothing else may build a path, an artifacts folder or an
     experiment name (`../x` would reach outside the work folder)."""
     if not re.fullmatch(NAME_PATTERN, name) or ".." in name:
-        raise QevalError(f"'{name[:80]}' is not a model card name: lower-case letters, digits, '.', '_' and '-', "
-                         f"starting with a letter or digit (see qeval models)")  # fmt: skip
+        raise QevalError(
+            f"'{name[:80]}' is not a model card name: lower-case letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit (see qeval models)"
+        )
     return name
 
 

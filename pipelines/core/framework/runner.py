@@ -1,9 +1,9 @@
 """The stage framework: cached, atomic, tracked units of work per build.
 
-A stage's work returns its typed result (pipelines/core/results.py), which goes into
+A stage's work returns its typed result (pipelines/core/store/results.py), which goes into
 artifacts/<model>/<precision>/<stage>/manifest.json beside the stage's files. The stage is skipped when its
 inputs digest matches a finished manifest: its inputs (settings, and digests of the files it reads) and its
-code (pipelines/core/code.py: the stage module and every first-party module it imports). Work happens in a
+code (pipelines/core/framework/code.py: the stage module and every first-party module it imports). Work happens in a
 `<stage>.partial-<pid>` folder that replaces the old one only once everything, MLflow included, has
 succeeded: a crash leaves the previous result intact and nothing half-written marked done. A failed stage
 is tagged `failed` in the tracker with its error and kept as `<stage>.failed/`.
@@ -23,16 +23,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pipelines.core import progress
-from pipelines.core.code import code_digest, code_version, environment, library_versions
-from pipelines.core.errors import QevalError
-from pipelines.core.files import locked, replace_dir
-from pipelines.core.integrity import Tampered
-from pipelines.core.layout import STAGE_LOG, build_dir
-from pipelines.core.manifests import Manifest, StageRecord, read_manifest, write_manifest
-from pipelines.core.registry import STAGES, spec_of
-from pipelines.core.results import StageResult
-from pipelines.core.tracker import ParamsChanged, Tracker
+from pipelines.core.framework.code import code_digest, code_version, environment, library_versions
+from pipelines.core.framework.registry import STAGES, spec_of
+from pipelines.core.framework.tracker import ParamsChanged, Tracker
+from pipelines.core.store.layout import STAGE_LOG, build_dir
+from pipelines.core.store.manifests import Manifest, StageRecord, read_manifest, write_manifest
+from pipelines.core.store.results import StageResult
+from pipelines.core.system import progress
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.files import locked, replace_dir
+from pipelines.core.system.integrity import Tampered
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The manifest that holds a stage's typed result (pipelines/core/results.py) beside the stage's files, and
-how a stage is read back: finished() and result_of() here, or require() (pipelines/core/registry.py).
+"""The manifest that holds a stage's typed result (pipelines/core/store/results.py) beside the stage's files, and
+how a stage is read back: finished() and result_of() here, or require() (pipelines/core/framework/registry.py).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
-from pipelines.core.files import atomic_write
-from pipelines.core.layout import MANIFEST, stage_dir
-from pipelines.core.results import Record, StageResult
+from pipelines.core.store.layout import MANIFEST, stage_dir
+from pipelines.core.store.results import Record, StageResult
+from pipelines.core.system.files import atomic_write
 
 R = TypeVar("R", bound=StageResult)
 

@@ -1,6 +1,6 @@
 """A card's gate section (`gate:`): the policy that decides which quantized build ships.
 
-pipelines/decision/ applies it; the card (pipelines/core/cards.py) checks it against the card's tasks, grid
+pipelines/decision/ applies it; the card (pipelines/core/card/cards.py) checks it against the card's tasks, grid
 and GPUs.
 """
 
@@ -39,10 +39,17 @@ class Gate(_Strict):
     task_metric: dict[str, str] = Field(
         {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
     )
-    controls: dict[str, str] = Field({}, description="a task judged by its gain over another (its control: the same "
-                                     "items without what it probes), document by document")  # fmt: skip
-    max_length_change: float | None = Field(0.10, gt=0, lt=1, description="generative tasks: total output length "
-                                            "within this fraction of the baseline's (MLPerf's 10 %)")  # fmt: skip
+    controls: dict[str, str] = Field(
+        {},
+        description="a task judged by its gain over another (its control: the same "
+        "items without what it probes), document by document",
+    )
+    max_length_change: float | None = Field(
+        0.10,
+        gt=0,
+        lt=1,
+        description="generative tasks: total output length within this fraction of the baseline's (MLPerf's 10 %)",
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
     bootstrap_resamples: PositiveInt = Field(2000, description="resamples of the documents per paired bootstrap")
     bootstrap_seed: int = Field(0, description="seed of the paired bootstrap")
@@ -65,8 +72,9 @@ class Gate(_Strict):
         [], description="GPUs (catalog names) each build must fit on one of, at the largest batch of the grid"
     )
     prefer: Literal["speed", "memory", "cost"] = Field("speed", description="how to choose among passing builds")
-    max_cost_per_mtok: float | None = Field(None, ge=1e-6, le=1e6, allow_inf_nan=False,
-                                            description="$ per million output tokens on cost_on, at most")  # fmt: skip
+    max_cost_per_mtok: float | None = Field(
+        None, ge=1e-6, le=1e6, allow_inf_nan=False, description="$ per million output tokens on cost_on, at most"
+    )
     cost_on: str | None = Field(None, description="device kind costs are judged on (null: the first target GPU)")
     tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
     stop_scoring: Literal["never", "fail", "inconclusive"] = Field(

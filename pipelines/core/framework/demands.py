@@ -16,10 +16,10 @@ from pathlib import Path
 import yaml
 
 from eval.sizing import Shape, workspace_bytes
-from pipelines.core.cards import ModelCard, card_names, load_card
-from pipelines.core.errors import QevalError
-from pipelines.core.paths import resolve_repo_path
-from pipelines.core.weights import architecture, missing_files
+from pipelines.core.card.cards import ModelCard, card_names, load_card
+from pipelines.core.framework.weights import architecture, missing_files
+from pipelines.core.system.errors import QevalError
+from pipelines.core.system.paths import resolve_repo_path
 from quant.registry import suggest
 
 FREE_SHARE = 0.8  # of this machine's available memory, what one bench may plan to use
@@ -37,8 +37,10 @@ def length_problems(card: ModelCard) -> list[str]:
     s, problems = card.speed, []
     longest = max(s.input_lengths) + max(s.output_lengths)
     if longest > positions:
-        problems.append(f"model '{card.name}': speed.input_lengths and output_lengths reach {longest:,} tokens, "
-                        f"and the model has {positions:,} positions ({path}); shorten the longest")  # fmt: skip
+        problems.append(
+            f"model '{card.name}': speed.input_lengths and output_lengths reach {longest:,} tokens, "
+            f"and the model has {positions:,} positions ({path}); shorten the longest"
+        )
     problems += [
         f"model '{card.name}': scenario '{name}' asks for {sc.output_len:,} output tokens, and the model has "
         f"{positions:,} positions; shorten its output_len"
@@ -153,8 +155,10 @@ def local_tasks(card: ModelCard) -> tuple[set[str], list[str]]:
             mark = getattr(e, "problem_mark", None)
             where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
             what = getattr(e, "problem", None) or str(e).splitlines()[0]
-            problems.append(f"model '{card.name}': {path}{where} (in accuracy.include_path) is not valid YAML: "
-                            f"{what}; lm-eval reads every file there")  # fmt: skip
+            problems.append(
+                f"model '{card.name}': {path}{where} (in accuracy.include_path) is not valid YAML: "
+                f"{what}; lm-eval reads every file there"
+            )
         except (OSError, RecursionError) as e:
             problems.append(f"model '{card.name}': cannot read {path} (in accuracy.include_path): {e}")
     return names, problems
@@ -184,8 +188,10 @@ def task_problems(card: ModelCard) -> list[str]:
     for task in dict.fromkeys([*card.accuracy.tasks, *(card.server.served_tasks or [])]):
         if task not in names and task not in known:
             where = f"defined neither in {card.accuracy.include_path} nor in" if card.accuracy.include_path else "not"
-            problems.append(f"model '{card.name}': accuracy task '{task}' is {where} one of lm-eval's tasks"
-                            f"{suggest(task, names | known)}")  # fmt: skip
+            problems.append(
+                f"model '{card.name}': accuracy task '{task}' is {where} one of lm-eval's tasks"
+                f"{suggest(task, names | known)}"
+            )
     return problems
 
 
