@@ -27,7 +27,7 @@ from eval.kvcache import attention_name, fp8_kv_attention
 from eval.qdq_bounds import clamp_with_number_bounds
 from eval.records import GENERATED_IDS, AccuracyResult, scores
 from eval.stopping import StopScoring, first_stop
-from quant.registry import suggest
+from quant.lookup import suggest
 
 WARM_IMPORTS = ("torch", "transformers", "datasets", "compressed_tensors", "lm_eval", "lm_eval.evaluator")
 """What every evaluation imports: pipelines/core/system/warm.py imports them once for the builds it evaluates."""

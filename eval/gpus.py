@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from quant.execution import Device, Execution, compute_units, execution
-from quant.registry import lookup
+from quant.lookup import lookup
 
 GIB = 2**30
 

@@ -1,7 +1,7 @@
 """`qeval init`: a model card written from a model's config.json, validated before it is saved.
 
 From a local checkpoint folder (the card points at it) or a hub id (its config.json, from the hub's local
-cache or the hub, is shipped as eval/configs/<name>.json, so that the speed half runs without the weights).
+cache or the hub, is shipped as pipelines/models/configs/<name>.json, so that the speed half runs without the weights).
 Everything the config does not say is guessed and each guess is reported: the usual precisions (4-bit at the
 largest group size that divides every quantized layer's input width), a calibration set for hub models, a
 grid and an objective that fit the model's context, and placeholder accuracy tasks the user edits.
@@ -25,7 +25,7 @@ from pipelines.core.system.files import atomic_write
 from pipelines.core.system.paths import REPO_ROOT, cards_dir, shown_path
 from quant.recipes import GROUP_SIZE
 
-CONFIGS = REPO_ROOT / "eval" / "configs"
+CONFIGS = REPO_ROOT / "pipelines" / "models" / "configs"  # architectures beside the cards that name them
 
 
 def _scalar(value: str) -> str:
@@ -47,7 +47,7 @@ class Scaffold:
     text: str
     config: dict
     guesses: list[str] = field(default_factory=list)
-    shipped_config: Path | None = None  # eval/configs/<name>.json, for a hub model
+    shipped_config: Path | None = None  # pipelines/models/configs/<name>.json, for a hub model
 
 
 def card_name(source: str) -> str:

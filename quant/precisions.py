@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from quant import recipes
-from quant.registry import lookup
+from quant.lookup import lookup
 
 Capability = tuple[int, int]
 # NVIDIA compute capabilities: FP8 tensor cores from Ada and Hopper (8.9), INT8 tensor cores from Turing

@@ -71,7 +71,7 @@ def gptq(opts: RecipeOptions) -> list:
 
 def saved_config(recipe: list, fmt: str) -> dict:
     """The `quantization_config` a checkpoint that `recipe` builds saves in compressed-tensors format `fmt`,
-    resolved from the recipe's quantizing modifier without data (quant/shape.py)."""
+    resolved from the recipe's quantizing modifier without data (quant/shape_build.py)."""
     from compressed_tensors import __version__
     from compressed_tensors.quantization import QuantizationStatus
 

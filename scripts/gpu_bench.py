@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 REF_LM = REPO / "refmodel" / "ref-lm"
-SHAPE = REPO / "eval" / "configs" / "llama-2-7b.json"
+SHAPE = REPO / "pipelines" / "models" / "configs" / "llama-2-7b.json"
 BUILDS = ("fp8", "int8", "gptq")
 PARTS = ("device", "quantize", "evaluate", "bench", "shape")
 

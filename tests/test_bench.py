@@ -78,7 +78,7 @@ def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
 
     from eval.engine import EngineConfig, bench_engine
 
-    shape = json.loads((REPO / "eval/configs/llama-2-7b.json").read_text())
+    shape = json.loads((REPO / "pipelines/models/configs/llama-2-7b.json").read_text())
     shape.update(
         hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4
     )

@@ -19,7 +19,7 @@ from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from pipelines.decision.policy import choose, combine, length_rule, memory_rule, speed_rule, task_rule
 from pipelines.present.charts import pareto
 from pipelines.present.formats import precision_colour
-from pipelines.present.tables import documents_section
+from pipelines.present.report_tables import documents_section
 from quant.execution import Execution
 
 PASS, FAIL, INCONCLUSIVE, NOT_GATED = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.NOT_GATED
@@ -532,7 +532,7 @@ def test_a_build_that_fails_a_task_is_not_scored_further(own_root):
 
     from pipelines.core.card.cards import load_card
     from pipelines.decision.gate import decide
-    from pipelines.present.tables import policy_text, table
+    from pipelines.present.report_tables import policy_text, table
     from pipelines.stages.evaluate import evaluate
 
     card_file = own_root / "cards" / "ref-small.yaml"

@@ -184,7 +184,7 @@ def test_a_served_device_is_said_by_its_catalog_name_in_the_ship_card_and_report
 @pytest.fixture
 def llama_checkpoint(tmp_path):
     """A folder holding Llama-3.1-8B's config.json (131,072 positions), as the hub's snapshot would."""
-    (tmp_path / "config.json").write_text((REPO / "eval/configs/llama-3.1-8b.json").read_text())
+    (tmp_path / "config.json").write_text((REPO / "pipelines/models/configs/llama-3.1-8b.json").read_text())
     return str(tmp_path)
 
 
@@ -384,7 +384,7 @@ def test_the_quantize_proof_loads_both_models_onto_the_gpu(monkeypatch, tmp_path
     import transformers
 
     from quant.recipes import GROUP_SIZE, IGNORE, RecipeOptions
-    from quant.shape import write_shape_build
+    from quant.shape_build import write_shape_build
     from quant.verify import VerifyConfig, verify_checkpoint
 
     ref = REPO / "refmodel/ref-lm"

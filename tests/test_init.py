@@ -1,5 +1,5 @@
 """`qeval init`: a validated card written from a model's config.json (a local folder, or a hub id whose
-config is shipped to eval/configs/), saying what it guessed; and one line for what it cannot read."""
+config is shipped to pipelines/models/configs/), saying what it guessed; and one line for what it cannot read."""
 
 from __future__ import annotations
 

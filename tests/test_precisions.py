@@ -17,7 +17,7 @@ from quant.precisions import PRECISIONS, build_recipe, get_precision, kv_cache_d
 from quant.recipes import IGNORE, RecipeOptions
 from quant.verify import check_quantization_config
 
-LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-3.1-8b.json").read_text()))
+LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "pipelines/models/configs/llama-3.1-8b.json").read_text()))
 
 
 def _saved_config(p) -> dict:

@@ -22,7 +22,7 @@ from pipelines.stages.shape import PROBE_MARGIN, context_for, decode_ceiling, pr
 from quant.execution import CPU
 from quant.precisions import PRECISIONS, get_precision
 from quant.recipes import RecipeOptions
-from quant.shape import quantization_config, write_shape_build
+from quant.shape_build import quantization_config, write_shape_build
 
 QWEN = REPO / "pipelines/models/qwen2.5-0.5b-instruct.yaml"
 OPTS = RecipeOptions(group_size=128, ignore=["lm_head"])

@@ -12,8 +12,8 @@ from eval.sizing import Assumptions, Shape, fit, weight_bytes
 from eval.speed import decode_step_bytes
 from pipelines.core.system.paths import REPO_ROOT
 
-LLAMA2_7B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-2-7b.json").read_text()))
-LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "eval/configs/llama-3.1-8b.json").read_text()))
+LLAMA2_7B = Shape.from_config(json.loads((REPO_ROOT / "pipelines/models/configs/llama-2-7b.json").read_text()))
+LLAMA3_8B = Shape.from_config(json.loads((REPO_ROOT / "pipelines/models/configs/llama-3.1-8b.json").read_text()))
 REF_LM_DIR = REPO_ROOT / "refmodel/ref-lm"
 REF_LM = Shape.from_config(json.loads((REF_LM_DIR / "config.json").read_text()))
 

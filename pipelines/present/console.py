@@ -11,7 +11,7 @@ from eval.stats import Verdict
 from pipelines.core.store.manifests import StageRecord
 from pipelines.core.store.verdicts import Decision
 from pipelines.core.system import progress
-from pipelines.present.tables import fit_cells
+from pipelines.present.report_tables import fit_cells
 
 _VERDICT_COLOUR = {Verdict.PASS: "green", Verdict.FAIL: "red"}
 

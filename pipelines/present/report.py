@@ -1,9 +1,9 @@
 """The report: the speed-versus-quality picture per precision, as files and in MLflow.
 
 reports/<model>/ gets report.md (the decision at a glance, then every figure, the reasons and how each
-was measured; the tables are tables.py's) and the charts of charts.py: quality against weights and against speed (the
-deciding one first, by the policy's `prefer`), server latency against users, engine speed against batch
-size, memory. The same charts and the table go to the model's summary run in MLflow (`log_figure`,
+was measured; the tables are report_tables.py's) and the charts of charts.py: quality against weights and
+against speed (the deciding one first, by the policy's `prefer`), server latency against users, engine speed
+against batch size, memory. The same charts and the table go to the model's summary run in MLflow (`log_figure`,
 `log_table`).
 """
 
@@ -20,8 +20,8 @@ from pipelines.core.store.results import Benched, Served
 from pipelines.core.store.verdicts import Decision
 from pipelines.core.system.files import atomic_write
 from pipelines.core.system.paths import reports_dir
-from pipelines.present import capacity, charts, formats, shapes, shipcard
-from pipelines.present.tables import (
+from pipelines.present import capacity, charts, formats, shipcard, speed_half
+from pipelines.present.report_tables import (
     documents_section,
     fits_section,
     generation_section,
@@ -212,18 +212,18 @@ def _publish(
 
 
 def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
-    """The speed half's report (present/shapes.py) in reports/<model>/, logged to the model's summary run."""
+    """The speed half's report (present/speed_half.py) in reports/<model>/, logged to the model's summary run."""
     out = reports_dir(card.name)
     out.mkdir(parents=True, exist_ok=True)
-    shaped = shapes.results(card)
+    shaped = speed_half.results(card)
     emulated = {p for p, r in shaped.items() if formats.emulated(r.execution)}
     figures = {
         f"speed_at_shape-{name}.png": charts.shape_speed(
-            card, name, shapes.at(shaped, name), emulated, shapes.how(shaped)
+            card, name, speed_half.at(shaped, name), emulated, speed_half.how(shaped)
         )
-        for name in shapes.scenario_names(shaped)
+        for name in speed_half.scenario_names(shaped)
     }
-    lines = shapes.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
+    lines = speed_half.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
     tab = capacity.table(card)
     lines += capacity.section(card, tab)
     lines += ["", *(f"![{n}]({n})" for n in figures), ""]

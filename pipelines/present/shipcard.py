@@ -14,7 +14,7 @@ from pipelines.core.store.manifests import finished, result_of
 from pipelines.core.store.results import AtShape, Quantized, Served
 from pipelines.core.store.verdicts import BuildVerdict, Decision
 from pipelines.present import capacity, formats
-from pipelines.present.tables import STOP_TEXT
+from pipelines.present.report_tables import STOP_TEXT
 from quant.precisions import kv_cache_dtype
 
 

@@ -207,7 +207,7 @@ def vllm_command(
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint]
     cmd += ["--host", "127.0.0.1", "--port", port, "--max-model-len", str(s.max_model_len), "--seed", str(s.seed)]
     cmd += ["--disable-uvicorn-access-log"]  # not one line per request
-    if s.random_weights:  # a shape build (quant/shape.py): random weights from its config, no tokenizer
+    if s.random_weights:  # a shape build (quant/shape_build.py): random weights from its config, no tokenizer
         cmd += ["--load-format", "dummy", "--skip-tokenizer-init"]
     else:
         cmd += ["--load-format", "safetensors"]  # never a pickle, which can run code when loaded

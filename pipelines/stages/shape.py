@@ -1,7 +1,7 @@
 """The shape stage: one precision's speed at the model's real shape, with random weights, on vLLM.
 
 For a card whose weights cannot be had here (or that asks for it, `qeval shape`), each precision gets a
-shape build (quant/shape.py: the model's config.json with that precision's own quantization_config, no
+shape build (quant/shape_build.py: the model's config.json with that precision's own quantization_config, no
 weights) that vLLM serves with its dummy loader and no tokenizer; the load generator sends random token ids
 of exactly each scenario's input length, forces its output length, and checks both on every request
 (sweep.py); every scenario of the card (chat, RAG, ...) is swept in turn on the build's one server.
@@ -44,7 +44,7 @@ from pipelines.stages import engines, sweep
 from quant.execution import Execution
 from quant.precisions import kv_cache_dtype
 from quant.recipes import RecipeOptions
-from quant.shape import has_tokenizer, quantization_config, write_shape_build
+from quant.shape_build import has_tokenizer, quantization_config, write_shape_build
 
 log = logging.getLogger(__name__)
 PROBE_TOKENS = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from quant.registry import suggest
+from quant.lookup import suggest
 
 
 def describe(err: dict, model: type[BaseModel]) -> str:

@@ -21,8 +21,8 @@ from pipelines.core.card.traffic import CPU, Traffic
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.paths import cards_dir
 from quant import recipes
+from quant.lookup import suggest
 from quant.precisions import get_precision, variants_problem
-from quant.registry import suggest
 
 PositiveInt = Annotated[int, Field(gt=0)]
 

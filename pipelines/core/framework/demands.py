@@ -20,7 +20,7 @@ from pipelines.core.card.cards import ModelCard, card_names, load_card
 from pipelines.core.framework.weights import architecture, missing_files
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.paths import resolve_repo_path
-from quant.registry import suggest
+from quant.lookup import suggest
 
 FREE_SHARE = 0.8  # of this machine's available memory, what one bench may plan to use
 SPARE_FILES = 64  # open files the load generator's process needs beside its connections

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pipelines.core.store.manifests import finished
 from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
 from pipelines.core.system.errors import QevalError
-from quant.registry import lookup
+from quant.lookup import lookup
 
 if TYPE_CHECKING:
     from pipelines.core.card.cards import ModelCard

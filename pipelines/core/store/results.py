@@ -345,7 +345,7 @@ class ScenarioSweep(Record):
 
 
 class AtShape(StageResult, ServedOn):
-    """Every precision timed at a real model's shape with random weights (quant/shape.py): one server per build
+    """Every precision timed at a real model's shape with random weights (quant/shape_build.py): one server per build
     swept over each of the card's scenarios, whose figures are the format's and the kernels', never a real
     checkpoint's."""
 

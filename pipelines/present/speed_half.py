@@ -12,7 +12,7 @@ from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import AtShape, ScenarioSweep, Sized
 from pipelines.present import formats
-from pipelines.present.tables import fits_section
+from pipelines.present.report_tables import fits_section
 
 
 def results(card: ModelCard) -> dict[str, AtShape]:
