@@ -150,16 +150,17 @@ def builds(small_root):
 
 @pytest.fixture(scope="session")
 def measured(small_root, builds):
-    """Every build of `ref-small` evaluated and benchmarked, once per test session."""
+    """Every build of `ref-small` evaluated, benchmarked and sized (the gate reads each), once per test session."""
     from pipelines.stages.bench import bench
     from pipelines.stages.evaluate import evaluate
+    from pipelines.stages.size import size
 
     with pytest.MonkeyPatch.context() as mp:
         use_root(mp, small_root)
         card = load_card("ref-small")
         tracker = MemoryTracker(card.name)
         order = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
-        return {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench)}
+        return {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench, size)}
 
 
 def copy_root(src: Path, root: Path) -> Path:

@@ -333,6 +333,13 @@ def test_the_gate_ships_the_smallest_build_that_passes(shipped):
     assert set(verdicts) == {"fp8", "int8", "awq", "gptq", "int8+kv-fp8"}
     assert decision["chosen"] in {p for p, v in verdicts.items() if v == PASS}
     assert decision["chosen"] in {"awq", "gptq"}  # 4-bit builds are the smallest
+    # the weights the policy ranks are the builds' weight files, not the bench's dequantized copies in memory
+    weights = {b["precision"]: b["speed"]["weights_gb"] for b in decision["builds"]}
+    sized = shipped.root / "artifacts/ref-small/{}/size/manifest.json"
+    files = {p: json.loads(Path(str(sized).format(p)).read_text())["result"]["weights_bytes"] for p in weights}
+    assert weights == {p: b / 1e9 for p, b in files.items()}
+    passed = [w for p, w in weights.items() if verdicts[p] == PASS]
+    assert weights[decision["chosen"]] == min(passed) < weights["int8"] == weights["int8+kv-fp8"]
     assert decision["policy"]["bootstrap_seed"] == 7 and decision["policy"]["bootstrap_resamples"] == 2000
     assert decision["code"]["commit"]
     on_disk = json.loads((shipped.root / "artifacts/ref-small/gate.json").read_text())

@@ -21,8 +21,9 @@ from pipelines.present import capacity
 
 
 def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
-    """The build's speed and memory at the policy's batch, its cost for the card's traffic (where it states
-    one), and its resident weight bytes."""
+    """The build's speed and memory at the policy's batch, its weights as it ships, its cost for the card's
+    traffic (where it states one), and the weight bytes the engine bench's decode steps read (for the check
+    of a decode speed-up against them)."""
     bench = require(card, precision, Benched, "gate")
     where = f"gate: {card.name}@{precision} bench"
     if bench.config.no_weights:
@@ -31,13 +32,16 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
     point = bench.at(b)
     if point is None or point.decode_tps_per_user is None or point.peak_mem_bytes is None:
         raise QevalError(f"{where} has no decode speed at batch {b} (out of memory there, or another grid)")
+    # the build's weights as it ships, its weight files (the size stage's): the engine bench's resident bytes
+    # are what its own (dequantizing) decode steps read, 16-bit for every low-bit format on transformers
+    sized = require(card, precision, Sized, "gate")
     served = _served(card, precision)
     swept = served is not None and bool(served.per_level)  # a build not served here has no level to judge
     server_regime = card.gate.speed_regime == "server" and served is not None
     m = Measured(
         decode_tps=point.decode_tps_per_user,
         peak_gb=point.peak_mem_bytes / 1e9,
-        weights_gb=bench.engine.weight_bytes / 1e9,
+        weights_gb=sized.weights_bytes / 1e9,
         # the regime's own: how the server ran it (vLLM's kernels) or the engine bench
         execution=served.execution if server_regime else bench.engine.execution,
         regime=card.gate.speed_regime,
