@@ -43,7 +43,8 @@ def fetch_stage(tracker: Tracker, run_id: str, precision: str, stage: str, into:
     if digest is None:
         return False
     final = into or stage_dir(tracker.model, precision, stage)
-    with locked(final.parent / ".lock", "artifacts"):  # the build's lock, as a stage holds it (core/runner.py)
+    # the build's lock, as a stage holds it (core/framework/runner.py)
+    with locked(final.parent / ".lock", "artifacts"):
         return _fetch_locked(tracker, run_id, precision, stage, final, digest)
 
 
