@@ -32,11 +32,6 @@ class StageSpec:
 
     name: str
     result: type[StageResult]
-    function: str
-    """`module:function` that runs it: (card, precision, tracker, *, force, ...) -> StageRecord."""
-    command: str
-    """The qeval command that runs it for one build (`qeval <command> --model M --precision P`)."""
-    make_target: str
     needs_baseline: bool
     """A quantized build's run of it reads the baseline's (recovery, speed-up): the baseline's comes first."""
     judged: bool
@@ -45,6 +40,23 @@ class StageSpec:
     """It reads the build's weights; the speed half of a card whose weights are not reachable runs the others."""
     full_run: bool = True
     """`qeval run` runs it for a card whose weights are reachable."""
+    function: str = ""
+    """`module:function` that runs it: (card, precision, tracker, *, force, ...) -> StageRecord; by default
+    the function of its name in pipelines/stages/ of its name."""
+    command: str = ""
+    """The qeval command that runs it for one build (`qeval <command> --model M --precision P`); its name."""
+    make_target: str = ""
+    """Its Make target; its name."""
+
+    def __post_init__(self) -> None:
+        defaults = {
+            "function": f"pipelines.stages.{self.name}:{self.name}",
+            "command": self.name,
+            "make_target": self.name,
+        }
+        for field, default in defaults.items():
+            if not getattr(self, field):
+                object.__setattr__(self, field, default)
 
     @property
     def module(self) -> str:
@@ -62,27 +74,18 @@ STAGES: dict[str, StageSpec] = {
         StageSpec(
             name="quantize",
             result=Quantized,
-            function="pipelines.stages.quantize:quantize",
-            command="quantize",
-            make_target="quantize",
             needs_baseline=False,
             judged=False,
         ),
         StageSpec(
             name="evaluate",
             result=Evaluated,
-            function="pipelines.stages.evaluate:evaluate",
-            command="evaluate",
-            make_target="evaluate",
             needs_baseline=True,
             judged=True,
         ),
         StageSpec(
             name="bench",
             result=Benched,
-            function="pipelines.stages.bench:bench",
-            command="bench",
-            make_target="bench",
             needs_baseline=True,
             judged=True,
         ),
@@ -90,9 +93,6 @@ STAGES: dict[str, StageSpec] = {
         StageSpec(
             name="shape",
             result=AtShape,
-            function="pipelines.stages.shape:shape",
-            command="shape",
-            make_target="shape",
             needs_baseline=False,
             judged=True,
             needs_weights=False,
@@ -101,9 +101,7 @@ STAGES: dict[str, StageSpec] = {
         StageSpec(
             name="size",
             result=Sized,
-            function="pipelines.stages.size:size",
             command="size --log",
-            make_target="size",
             needs_baseline=False,
             judged=True,
             needs_weights=False,
@@ -111,9 +109,6 @@ STAGES: dict[str, StageSpec] = {
         StageSpec(
             name="serve",
             result=Served,
-            function="pipelines.stages.serve:serve",
-            command="serve",
-            make_target="serve",
             needs_baseline=False,
             judged=True,
         ),
