@@ -42,6 +42,16 @@ def test_what_the_readme_says_commands_take_they_take():
     assert without == {n for n, opts in options.items() if "--json" not in opts}
 
 
+def test_every_make_target_the_readme_shows_is_the_makefiles():
+    """Every `make` target the README shows is one the Makefile has (or a card's own target)."""
+    makefile = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z.-]*):", makefile, re.M))
+    targets |= {p.stem for p in (REPO / "pipelines/models").glob("*.yaml")}  # `make <model>`, one per card
+    shown = set(re.findall(r"`make ([a-z][a-z0-9.-]*)", (REPO / "README.md").read_text()))
+    assert {"run", "test", "speed-at-shape"} <= shown
+    assert shown <= targets, f"the README shows make targets the Makefile lacks: {sorted(shown - targets)}"
+
+
 def test_every_section_cited_by_name_exists():
     """`README, "Running as a team"` or `docs/toolchain.md, "vLLM on a CPU"` in a comment, docstring, card or
     doc names a heading of that file: a renamed heading leaves the citation pointing nowhere."""

@@ -12,6 +12,7 @@ import pytest
 from helpers import last_json_line, processes_naming, qeval, root_env
 from mlflow.tracking import MlflowClient
 
+from conftest import SERVED
 from eval.serving import read_csv
 from pipelines.core.card.cards import load_card
 from pipelines.stages.engines import kv_cannot_serve, vllm_cannot_run
@@ -20,7 +21,7 @@ from quant.execution import CPU
 
 pytestmark = pytest.mark.slow
 
-PRECISIONS = ["bf16", "fp8", "int8", "awq", "gptq", "int8+kv-fp8"]
+PRECISIONS = list(SERVED)  # ref-lm's builds but awq (tests/conftest.py, pipeline_run)
 BUILD_STAGES = ("quantize", "evaluate", "bench", "size", "serve")
 
 
@@ -90,7 +91,7 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
         assert g["length"]["n"] == 6 and len(g["departures"]["positions"]) == 6
         assert any(r["name"] == "refkjv_continue length" for r in b["rules"])
         assert b["tasks"]["refkjv_needle"]["metric"] == "log-likelihood gain over refkjv_needle_control"
-    size = _result(pipeline_run, "size", "awq")
+    size = _result(pipeline_run, "size", "gptq")
     assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
 
 
@@ -110,14 +111,13 @@ def test_the_kv_cache_variant_shares_int8s_weights_with_half_the_kv_cache(pipeli
 def test_every_build_is_served_on_vllm_labelled_by_its_kernel_and_scored_through_its_server(pipeline_run):
     served = {p: _result(pipeline_run, "serve", p) for p in PRECISIONS}
     # vLLM's 4-bit CPU kernel needs AVX-512: without it the 4-bit builds are served by transformers, dequantized
-    fourbit = ("transformers", "emulated") if vllm_cannot_run("awq", CPU) else ("vllm", "weight-only")
+    fourbit = ("transformers", "emulated") if vllm_cannot_run("gptq", CPU) else ("vllm", "weight-only")
     # the KV-cache variant: int8's checkpoint with vLLM's FP8 KV cache, which its CPU attention keeps with AVX-512
     unserved = kv_cannot_serve("fp8", "vllm", CPU)
     assert {p: (r["engine"], r["execution"]) for p, r in served.items()} == {
         "bf16": ("vllm", "native"),
         "fp8": ("vllm", "emulated"),
         "int8": ("vllm", "native"),
-        "awq": fourbit,
         "gptq": fourbit,
         "int8+kv-fp8": ("vllm", "unknown" if unserved else "native"),
     }
