@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eval.kvcache import attention_name, fp8_kv_attention
 from eval.qdq_bounds import clamp_with_number_bounds
-from eval.records import GENERATED_IDS, AccuracyResult, scores
+from eval.records import GENERATED_IDS, RESULTS_FILE, AccuracyResult, scores
 from eval.stopping import StopScoring, first_stop
 from quant.lookup import suggest
 
@@ -157,7 +157,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
             if why is not None:
                 not_scored = dict.fromkeys(names[i + 1 :], f"scoring stopped: {why}")
                 break
-    (out_dir / "lm_eval_results.json").write_text(json.dumps(out, indent=2, default=str))
+    (out_dir / RESULTS_FILE).write_text(json.dumps(out, indent=2, default=str))
     return _result(out, backend, t0).model_copy(update={"not_scored": not_scored})
 
 

@@ -12,8 +12,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.records import AccuracyResult, Metric, document_metrics, documents, generated
-from eval.stats import Comparison, LengthBand, Rule, compare, is_likelihood, length_band
+from eval.records import AccuracyResult, Metric, answers, document_metrics, documents, generated
+from eval.stats import Comparison, Flips, LengthBand, Rule, compare, flip_rate, is_likelihood, length_band
 
 PREFERRED_METRICS = ("bits_per_byte", "acc_norm", "acc", "exact_match")
 """The metric a task is summed up by, and judged by unless the card names one: the first it reports."""
@@ -113,6 +113,26 @@ def paired(
         iters=bootstrap.resamples,
         seed=bootstrap.seed,
     )
+
+
+def flips(
+    task: str, base: Scored, build: Scored, *, confidence: float, metric: str | None = None, subset: bool = False
+) -> Flips | None:
+    """A multiple-choice task's answers, `build` against `base` on the same documents: how many changed, each
+    picked as the task's judging metric picks it (`acc_norm`: per character); None where the task is not
+    multiple-choice. KeyError where the two were not scored on the same documents."""
+    m = gating_metric(task, document_metrics(base.folder, base.result, task), metric)
+    normalised = m.name == "acc_norm"
+    base_ans = answers(base.folder, base.result, task, normalised)
+    build_ans = answers(build.folder, build.result, task, normalised)
+    if not base_ans or not build_ans:
+        return None
+    if subset and build_ans.keys() <= base_ans.keys():
+        base_ans = {d: base_ans[d] for d in build_ans}
+    if base_ans.keys() != build_ans.keys():
+        raise KeyError(task)
+    docs = sorted(base_ans, key=str)
+    return flip_rate([base_ans[d] for d in docs], [build_ans[d] for d in docs], confidence)
 
 
 def _gains(side: Scored, control: str, m: Metric, docs: dict) -> dict:

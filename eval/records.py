@@ -69,6 +69,43 @@ def generated(folder: Path, result: AccuracyResult, task: str) -> dict[tuple[str
     return out
 
 
+RESULTS_FILE = "lm_eval_results.json"
+"""lm-eval's own result document in an evaluation's folder (eval/accuracy.py writes it)."""
+
+
+def answers(folder: Path, result: AccuracyResult, task: str, normalised: bool) -> dict[tuple[str, Any], int]:
+    """(task, doc_id) -> the choice a multiple-choice task's model picked, as lm-eval picks it: the highest
+    log-likelihood (`acc`), or with `normalised` the highest per character of the choice (`acc_norm`); empty
+    where the task is not multiple-choice. A record's arguments hold each choice after the task's
+    target_delimiter, which lm-eval's per-character norm leaves out."""
+    delimiters = _delimiters(folder)
+    out: dict[tuple[str, Any], int] = {}
+    for leaf, row in _records(folder, result, task):
+        resps, args = row.get("filtered_resps"), row.get("arguments")
+        if not _choice_loglikelihoods(resps) or not args or len(args) != len(resps):
+            return {}
+        lls = [float(r[0]) for r in resps]
+        if normalised:
+            cut = len(delimiters.get(leaf, " "))
+            lls = [ll / max(1, len(a[1]) - cut) for ll, a in zip(lls, args, strict=True)]
+        out.setdefault((leaf, row["doc_id"]), max(range(len(lls)), key=lls.__getitem__))
+    return out
+
+
+def _choice_loglikelihoods(resps: Any) -> bool:
+    """A multiple-choice record's filtered responses: one [log-likelihood, is-greedy] pair per choice."""
+    return isinstance(resps, list) and len(resps) > 1 and all(isinstance(r, list) and len(r) == 2 for r in resps)
+
+
+def _delimiters(folder: Path) -> dict[str, str]:
+    """Per task, the target_delimiter lm-eval joined context and choice with (its configs)."""
+    path = folder / RESULTS_FILE
+    if not path.is_file():
+        return {}
+    configs = json.loads(path.read_text()).get("configs", {})
+    return {t: c.get("target_delimiter", " ") for t, c in configs.items()}
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None

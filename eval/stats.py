@@ -247,3 +247,28 @@ def length_band(
     return LengthBand(
         band=band, verdict=verdict, n=len(a), baseline=float(a.mean()), build=float(b.mean()), ratio=(est, lo, hi)
     )
+
+
+@dataclass(frozen=True)
+class Flips:
+    """A multiple-choice task's answers, a build against the baseline on the same documents: how many the build
+    answered otherwise, with a Wilson interval on the share. Builds flip answers at equal accuracy (a right
+    answer lost here, another won there), which recovery alone cannot show: Dutta et al., "Accuracy is Not
+    All You Need" (arXiv:2407.09141), count flips between right and wrong; this counts every changed answer,
+    a wrong one for another wrong one too."""
+
+    n: int
+    flipped: int
+    rate: tuple[float, float, float]  # flipped / n: estimate, lower, upper
+
+
+def flip_rate(base_answers: Sequence[int], build_answers: Sequence[int], confidence: float = 0.95) -> Flips:
+    """The share of documents whose chosen answer differs from the baseline's, with scipy's Wilson interval."""
+    from scipy.stats import binomtest
+
+    if len(base_answers) != len(build_answers) or not base_answers:
+        raise ValueError("paired answers must be non-empty and of equal length")
+    n = len(base_answers)
+    k = sum(a != b for a, b in zip(base_answers, build_answers, strict=True))
+    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return Flips(n=n, flipped=k, rate=(k / n, float(ci.low), float(ci.high)))

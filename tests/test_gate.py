@@ -362,6 +362,11 @@ def test_the_shipped_build_is_registered_and_described_in_the_runs_table(shipped
     assert note.endswith(tuple(f"({e})" for e in Execution))
     weights = shipped.build(chosen)["speed"]["weights_gb"]
     assert run.data.metrics["gate/weights_gb"] == pytest.approx(weights, rel=1e-3)  # four digits
+    flipped = shipped.build(chosen)["flips"]["refkjv_last_word"]  # answers that changed, logged with the verdict
+    assert run.data.metrics["gate/refkjv_last_word/flip_rate"] == pytest.approx(flipped["rate"][0], rel=1e-3, abs=1e-9)
+    assert (
+        run.data.metrics["gate/refkjv_last_word/flip_rate_upper"] >= run.data.metrics["gate/refkjv_last_word/flip_rate"]
+    )
     view = json.loads(client.get_experiment(run.info.experiment_id).tags["mlflow.sharedViewState.qeval"])
     assert view["selectedColumns"][0] == "attributes.`Description`"
     # the registered version's source is the checkpoint logged on the build's run

@@ -90,7 +90,13 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
         g = b["generation"]["refkjv_continue"]
         assert g["length"]["n"] == 6 and len(g["departures"]["positions"]) == 6
         assert any(r["name"] == "refkjv_continue length" for r in b["rules"])
+        # the multiple-choice tasks' changed answers, beside their recovery; none for the others
+        assert set(b["flips"]) == {"refkjv_next_verse", "refkjv_last_word"}
+        assert all(f["n"] == 6 and 0 <= f["flipped"] <= 6 for f in b["flips"].values())
         assert b["tasks"]["refkjv_needle"]["metric"] == "log-likelihood gain over refkjv_needle_control"
+    changed = report.split("## Answers that changed, same documents")[1]
+    assert all(f"| {b} | refkjv_last_word | acc " in changed for b in PRECISIONS[1:])
+    assert all(f"| {b} | refkjv_next_verse | acc_norm " in changed for b in PRECISIONS[1:])
     size = _result(pipeline_run, "size", "gptq")
     assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
 

@@ -119,3 +119,84 @@ def test_departure_is_the_first_token_that_differs():
     assert d.identical == 2 and d.median == 3.0
     assert d.text() == "median departure at token 3, 2 of 6 outputs identical"
     assert Departures([None, None]).median is None and "none departs" in Departures([None]).text()
+
+
+def test_the_flip_rate_by_hand():
+    from eval.stats import flip_rate
+
+    # 3 of 5 answers changed: p = 0.6; Wilson's interval at z = 1.959964 is
+    # (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
+    f = flip_rate([0, 1, 0, 2, 3], [0, 2, 1, 0, 3])
+    z, n, p = 1.959964, 5, 0.6
+    centre, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    assert (f.n, f.flipped) == (5, 3)
+    assert f.rate == pytest.approx(
+        (0.6, (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)), abs=1e-5
+    )
+    assert flip_rate([1, 1], [1, 1]).rate[:2] == (0.0, 0.0)
+    with pytest.raises(ValueError):
+        flip_rate([1], [1, 2])
+
+
+def _choices_folder(folder, picks: list[list[float]], delimiter: str = "\n"):
+    """A multiple-choice task's per-document records as lm-eval writes them: per choice its log-likelihood, and
+    its argument (context, delimiter + choice); choices "a", "bbbb", "cc"; the answer is choice 0."""
+    import json
+
+    from eval.records import AccuracyResult, Metric
+
+    folder.mkdir()
+    rows = [
+        {
+            "doc_id": i,
+            "arguments": [["ctx", delimiter + c] for c in ("a", "bbbb", "cc")],
+            "filtered_resps": [[ll, False] for ll in lls],
+            "filter": "none",
+            "acc": float(max(range(3), key=lls.__getitem__) == 0),
+            "acc_norm": 0.0,
+        }
+        for i, lls in enumerate(picks)
+    ]
+    (folder / "samples_mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "lm_eval_results.json").write_text(json.dumps({"configs": {"mc": {"target_delimiter": delimiter}}}))
+    metrics = [Metric(name="acc", value=0.5), Metric(name="acc_norm", value=0.5)]
+    result = AccuracyResult(
+        scores={"mc": metrics},
+        n_samples={"mc": len(rows)},
+        versions={},
+        chance={},
+        datasets={},
+        backend="hf",
+        lm_eval_version="x",
+        seconds=0,
+        peak_rss_mb=0,
+    )
+    return folder, result
+
+
+def test_a_builds_changed_answers_are_counted_as_its_judging_metric_picks_them(tmp_path):
+    from eval.paired import Scored, flips
+
+    # by log-likelihood: base picks 0, 1, 0, 2; build picks 0, 2, 1, 0: three changed (wrong to wrong, right to
+    # wrong, wrong to right)
+    base = Scored(*_choices_folder(tmp_path / "base", [[-2, -4, -9], [-5, -1, -9], [-1, -3, -9], [-9, -9, -1]]))
+    build = Scored(*_choices_folder(tmp_path / "build", [[-2, -4.5, -9], [-5, -9, -1], [-3, -1, -9], [-1, -9, -9]]))
+    by_acc = flips("mc", base, build, confidence=0.95, metric="acc")
+    assert (by_acc.n, by_acc.flipped) == (4, 3)
+    # per character of the choice (1, 4 and 2, the delimiter left out): base picks 1, 1, 1, 2 (the third: -3 / 4
+    # over -1 / 1); build 1, 2, 1, 0: two changed. Counting the delimiter (2, 5, 3) the base would pick 0 in the
+    # third and three would have changed
+    by_char = flips("mc", base, build, confidence=0.95, metric="acc_norm")
+    assert (by_char.n, by_char.flipped) == (4, 2)
+    assert flips("mc", base, build, confidence=0.95) == by_char  # acc_norm judges where it is reported
+
+
+def test_a_task_without_choices_has_no_flips(tmp_path):
+    import json
+
+    from eval.paired import Scored, flips
+
+    folder, result = _choices_folder(tmp_path / "base", [[-1, -2, -3]])
+    rows = [{"doc_id": 0, "filtered_resps": [[-3.0, 5]], "filter": "none", "acc": 1.0}]  # one loglikelihood pair
+    (folder / "samples_mc.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert flips("mc", Scored(folder, result), Scored(folder, result), confidence=0.95, metric="acc") is None

@@ -36,7 +36,15 @@ from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Evaluated, Quantized
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured, Rule, write_decision
 from pipelines.core.system.errors import QevalError
-from pipelines.decision.inputs import fits, generations, measured, not_scored, paired_with, task_comparisons
+from pipelines.decision.inputs import (
+    answer_flips,
+    fits,
+    generations,
+    measured,
+    not_scored,
+    paired_with,
+    task_comparisons,
+)
 from pipelines.decision.policy import (
     choose,
     combine,
@@ -94,6 +102,7 @@ def judge(
         vs_ship=vs_ship,
         generation=generated,
         not_scored=unscored,
+        flips=answer_flips(card, precision),
     )
 
 

@@ -6,10 +6,10 @@ memory figures the policy (policy.py) judges. Every missing or mismatched input 
 
 from __future__ import annotations
 
-from eval.paired import Generation, Scored, generation, paired
+from eval.paired import Generation, Scored, flips, generation, paired
 from eval.serving import LevelMetrics
 from eval.sizing import Fit
-from eval.stats import Comparison
+from eval.stats import Comparison, Flips
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework.registry import require
 from pipelines.core.store.layout import stage_dir
@@ -154,6 +154,22 @@ def generations(card: ModelCard, precision: str) -> dict[str, Generation]:
     for task in scored_tasks(card, done, base[1]):
         try:
             found = generation(task, base[0], build, band=band, bootstrap=card.gate.bootstrap)
+        except KeyError:
+            raise QevalError(
+                f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate"
+            ) from None
+        if found is not None:
+            out[task] = found
+    return out
+
+
+def answer_flips(card: ModelCard, precision: str) -> dict[str, Flips]:
+    """Every multiple-choice task of the card, the build against the baseline: how many answers changed."""
+    base, (build, done) = evaluation(card, card.gate.baseline), evaluation(card, precision)
+    out = {}
+    for task in scored_tasks(card, done, base[1]):
+        try:
+            found = flips(task, base[0], build, confidence=card.gate.confidence, metric=card.gate.task_metric.get(task))
         except KeyError:
             raise QevalError(
                 f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate"

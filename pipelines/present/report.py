@@ -24,6 +24,7 @@ from pipelines.present import capacity, charts, formats, shipcard, speed_half
 from pipelines.present.report_tables import (
     documents_section,
     fits_section,
+    flips_section,
     generation_section,
     policy_text,
     served_section,
@@ -106,6 +107,7 @@ def markdown(
     for i in range(len(cols["build"])):
         lines.append("| " + " | ".join(str(cols[n][i]) for n in names) + " |")
     lines += generation_section(decision)
+    lines += flips_section(decision)
     lines += documents_section(decision)
     lines += fits_section(card)
     lines += capacity.section(card, tab)

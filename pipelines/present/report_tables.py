@@ -225,6 +225,36 @@ def generation_section(decision: Decision) -> list[str]:
     ]
 
 
+def flips_section(decision: Decision) -> list[str]:
+    """Per multiple-choice task and build: its recovery beside how many answers differ from the baseline's (with
+    a Wilson interval), and of those, how many went from right to wrong and from wrong to right."""
+    rows = []
+    for b in decision.builds:
+        for task, f in b.flips.items():
+            c, (est, lo, hi) = b.tasks.get(task), f.rate
+            score = f"{c.metric} {c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}]" if c else ""
+            lost, won = c.discordant if c and c.discordant else ("-", "-")
+            rows.append(
+                f"| {b.precision} | {task} | {score} | {f.flipped:,} of {f.n:,} | "
+                f"{est:.2%} [{lo:.2%}, {hi:.2%}] | {lost} | {won} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Answers that changed, same documents",
+        "",
+        "A build can keep its accuracy and still answer differently: the share of multiple-choice documents whose "
+        "chosen answer differs from the baseline's (as the judging metric picks it), with a "
+        f"{decision.policy.confidence:.0%} Wilson interval; "
+        "right to wrong and wrong to right are the documents whose score changed. Shown, not gated.",
+        "",
+        "| build | task | recovery [interval] | answers changed | share [interval] | right to wrong | wrong to right |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 NEAR_MISS = 4  # an undecided task that this many times its documents would likely decide is a near miss
 
 

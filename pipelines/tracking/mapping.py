@@ -48,6 +48,7 @@ from pipelines.tracking.tables import (
     ENGINE_SETTINGS,
     EVAL_PARAMS,
     EVAL_SETTINGS,
+    GATE_FLIPS,
     GATE_GENERATION,
     GATE_METRICS,
     GATE_TASK,
@@ -217,10 +218,13 @@ def verdict_metrics(build: BuildVerdict) -> dict[str, float]:
 
 def generation_metrics(build: BuildVerdict) -> dict[str, float]:
     """Per generative task (`gate/<task>/*`): output length over the baseline's with its interval, where
-    greedy outputs depart from the baseline's, and the share that never do."""
+    greedy outputs depart from the baseline's, and the share that never do; per multiple-choice task, the share
+    of answers that differ from the baseline's, with its interval."""
     out: dict[str, float] = {}
     for task, g in build.generation.items():
         out |= {GATE_TASK.format(task=task) + k: v for k, v in _numbers(GATE_GENERATION, g).items()}
+    for task, f in build.flips.items():
+        out |= {GATE_TASK.format(task=task) + k: v for k, v in _numbers(GATE_FLIPS, f).items()}
     return out
 
 

@@ -147,6 +147,11 @@ GATE_GENERATION: dict[str, Getter] = {  # GATE_TASK + name, per generative task,
     "departure_median": lambda g: g.departures.median,  # among the outputs that depart from the baseline's
     "identical_share": lambda g: g.departures.identical / len(g.departures.positions),
 }
+GATE_FLIPS: dict[str, Getter] = {  # GATE_TASK + name, per multiple-choice task, from its `Flips`
+    "flip_rate": lambda f: f.rate[0],  # the share of answers that differ from the baseline's
+    "flip_rate_lower": lambda f: f.rate[1],
+    "flip_rate_upper": lambda f: f.rate[2],
+}
 
 # Params: every setting that changes a result. Each table maps a field of the stage's config to its
 # param; NOT_SETTINGS names the fields that are not settings (tests/test_tracking.py checks coverage).
@@ -326,7 +331,7 @@ NAMES: dict[str, list[str]] = {
         "eval/<task>/<metric>_stderr",
         *(_templated(SERVED_DIFF).replace("<bound>", b) for b in ("", "_lower", "_upper")),
         *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
-        *(_templated(GATE_TASK + n) for n in GATE_GENERATION),
+        *(_templated(GATE_TASK + n) for n in (*GATE_GENERATION, *GATE_FLIPS)),
     ],
     "series": [*BENCH_SERIES, *SERVE_SERIES, *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SERIES)],
     "params": sorted(

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from eval.paired import Generation
-from eval.stats import Comparison, Verdict
+from eval.stats import Comparison, Flips, Verdict
 from pipelines.core.card.cards import Gate
 from pipelines.core.store.layout import gate_file
 from pipelines.core.store.manifests import CodeVersion
@@ -90,6 +90,9 @@ class BuildVerdict(Record):
         {}, description="per generative task: output length against the baseline's, and where outputs depart"
     )
     not_scored: dict[str, str] = Field({}, description="tasks its evaluation left unscored (gate.stop_scoring), why")
+    flips: dict[str, Flips] = Field(
+        {}, description="per multiple-choice task: answers that differ from the baseline's (shown, not gated)"
+    )
 
     @property
     def reasons(self) -> list[str]:
