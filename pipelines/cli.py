@@ -251,6 +251,34 @@ def size(
     emit_json({"model": model, "grid": grid, "mbu": mbu, "rows": [asdict(f) for f in fits]}, as_json)
 
 
+@app.command()
+@guarded
+def sensitivity(
+    model: ModelOpt,
+    precision: Annotated[str, typer.Option(help="the quantized precision whose weight scheme each group is given")],
+    samples: Annotated[int | None, typer.Option(min=1, help="calibration samples, overriding the card")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Each layer group's cost when it alone is quantized (KL divergence from the baseline), most sensitive first."""
+    from rich.table import Table
+
+    from pipelines.sensitivity import measure
+
+    ranking = measure(cards_mod.load_card(model), precision, samples)
+    table = Table(title=f"{model}: each layer group alone at {precision} ({ranking.scheme}, round to nearest)")
+    for column in ("rank", "layer group", "KL divergence per token (nats)"):
+        table.add_column(column, justify="right" if column != "layer group" else "left")
+    for i, s in enumerate(ranking.ranked, 1):
+        table.add_row(str(i), s.group.name, f"{s.kl:.3g}")
+    out.print(table)
+    out.print(
+        f"over {ranking.tokens:,} calibration tokens; the most sensitive half at once: {ranking.top_half_kl:.3g} "
+        f"nats, the least sensitive half: {ranking.bottom_half_kl:.3g}",
+        highlight=False,
+    )
+    emit_json(ranking.as_dict(), as_json)
+
+
 def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
     """Print the gate's table and decision; exit 1 when nothing ships."""
     out.print(console.gate(decision))

@@ -30,7 +30,7 @@ from quant.execution import compute_dtype
 from quant.precisions import get_precision
 
 
-def _calibration(card: ModelCard, num_samples: int | None) -> tuple[CalibrationSpec | None, str | None]:
+def calibration_spec(card: ModelCard, num_samples: int | None) -> tuple[CalibrationSpec | None, str | None]:
     """The calibration spec for the child (a local file made absolute) and what identifies its data."""
     c = card.calibration
     if c is None:
@@ -56,7 +56,7 @@ def quantize(
     if precision == card.gate.baseline:
         inputs = {"base": weights_identity(card, base)}
         return run_stage(tracker, precision, Quantized, inputs, lambda out: _baseline(card, base, scheme), force=force)
-    spec, calib_id = _calibration(card, num_samples) if p.needs_calibration else (None, None)
+    spec, calib_id = calibration_spec(card, num_samples) if p.needs_calibration else (None, None)
     dtype = compute_dtype(compute_device().device)
     cfg = build_mod.QuantizeConfig(
         base=base,

@@ -1,0 +1,106 @@
+"""Per-layer sensitivity (quant/sensitivity.py): the groups that share a format, the target scheme's weights
+quantized and back, and a layer made fragile on purpose ranked first, on a small random Llama."""
+
+from __future__ import annotations
+
+import pytest
+
+from quant.sensitivity import fake_quantized, halves, layer_groups, rank, weight_args
+
+pytestmark = pytest.mark.integration
+
+FRAGILE = "model.layers.0.self_attn.o_proj"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A two-layer Llama with random weights (128 wide, so that a 128-channel group fits every layer), and two
+    batches of random token ids."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = LlamaForCausalLM(config).eval()
+    batches = [torch.randint(0, 256, (2, 32)) for _ in range(2)]
+    return model, batches
+
+
+def test_layers_that_vllm_fuses_are_one_group_and_the_ignored_none(tiny):
+    model, _ = tiny
+    groups = layer_groups(model, ["lm_head"])
+    assert [g.name for g in groups[:4]] == [
+        "model.layers.0.self_attn.q_proj+k_proj+v_proj",
+        "model.layers.0.self_attn.o_proj",
+        "model.layers.0.mlp.gate_proj+up_proj",
+        "model.layers.0.mlp.down_proj",
+    ]
+    assert len(groups) == 8 and groups[0].modules == tuple(f"model.layers.0.self_attn.{p}_proj" for p in "qkv")
+    assert not [g for g in groups if "lm_head" in g.name]
+    assert len(layer_groups(model, ["lm_head", "re:.*down_proj"])) == 6
+
+
+def test_the_target_schemes_weights_are_its_recipes(tiny):
+    import torch
+
+    gptq, awq, int8 = (weight_args(p, 128, ["lm_head"]) for p in ("gptq", "awq", "int8"))
+    assert (gptq.num_bits, gptq.group_size, gptq.symmetric) == (4, 128, True)
+    assert (awq.num_bits, awq.group_size, awq.symmetric) == (4, 128, False)
+    assert (int8.num_bits, int8.group_size) == (8, None)
+    with pytest.raises(ValueError, match="not a quantized precision"):
+        weight_args("bf16", 128, [])
+    # 4-bit symmetric, by hand: each group of 128 inputs has one scale, its largest magnitude over 7.5
+    # (compressed-tensors maps the range [-8, 7] onto [-absmax, absmax]), and every weight is an integer step of it
+    w = tiny[0].model.layers[0].mlp.down_proj.weight.detach()
+    q = fake_quantized(w, gptq)
+    assert q.shape == w.shape and q.dtype == w.dtype and not torch.equal(q, w)
+    for group, quantized in zip(w.reshape(-1, 128), q.reshape(-1, 128), strict=True):
+        steps = quantized / (group.abs().max() / 7.5)
+        assert torch.allclose(steps, steps.round(), atol=1e-4) and steps.min() >= -8 and steps.max() <= 7 + 1e-4
+        assert (quantized - group).abs().max() <= group.abs().max() / 7.5 / 2 + 1e-6  # round to nearest
+
+
+def test_a_layer_made_fragile_ranks_first_and_the_halves_agree(tiny):
+    import torch
+
+    model, batches = tiny
+    layer = dict(model.named_modules())[FRAGILE]
+    kept = layer.weight.data.clone()
+    try:
+        with torch.no_grad():  # one outlier per group of 128 inputs: the 4-bit step it sets rounds most of the
+            layer.weight[:, ::128] = 12 * kept.std()  # rest of the group to zero
+        args = weight_args("gptq", 128, ["lm_head"])
+        seen = []
+        ranked = rank(model, layer_groups(model, ["lm_head"]), args, batches, lambda d, n: seen.append((d, n)))
+        assert ranked[0].group.name == FRAGILE and ranked[0].kl > 3 * ranked[1].kl > 0
+        assert seen[-1] == (8, 8)
+        top, bottom = halves(model, ranked, args, batches)
+        assert top > bottom > 0
+        assert torch.equal(layer.weight.data[:, 1:128], kept[:, 1:128])  # every weight put back
+    finally:
+        layer.weight.data = kept
+
+
+@pytest.mark.slow
+def test_qeval_sensitivity_ranks_ref_lms_layer_groups(workdir):
+    from helpers import env_with, last_json_line, qeval
+
+    done = qeval("sensitivity", "-m", "ref-lm", "--precision", "gptq", "--samples", "4", "--json", env=env_with())
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = last_json_line(done.stdout)
+    kl = [g["kl"] for g in got["ranked"]]
+    assert len(kl) == 6 * 4 and kl == sorted(kl, reverse=True) and kl[-1] > 0  # six layers, four groups each
+    assert {len(g["modules"]) for g in got["ranked"]} == {1, 2, 3}  # q/k/v and gate/up share their format
+    assert got["top_half_kl"] > got["bottom_half_kl"] > 0 and got["tokens"] > 4 * 16
+    assert "layers.0.mlp.down_proj" in done.stdout and "the least sensitive half" in done.stdout
+    for precision, says in (("bf16", "quantizes no weights of its own"), ("nope", "nope")):
+        bad = qeval("sensitivity", "-m", "ref-lm", "--precision", precision, env=env_with())
+        assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
