@@ -117,3 +117,11 @@ def same_logits(a: Path, b: Path) -> bool:
         with torch.no_grad():
             out.append(model(input_ids=ids).logits)
     return torch.equal(*out)
+
+
+def accuracy_result(scores: dict, **fields):
+    """An lm-eval result as qeval keeps it, with only `scores` (and any field given) filled in."""
+    from eval.records import AccuracyResult
+
+    base = dict(n_samples={}, versions={}, chance={}, datasets={}, backend="hf", lm_eval_version="x", seconds=1)
+    return AccuracyResult(scores=scores, **{**base, "peak_rss_mb": 1, **fields})

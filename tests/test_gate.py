@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import env_with, last_json_line, qeval, root_env, same_logits
+from helpers import accuracy_result, env_with, last_json_line, qeval, root_env, same_logits
 
 from eval.paired import Scored, generation, paired
-from eval.records import GENERATED_IDS, AccuracyResult, Metric, leaves
+from eval.records import GENERATED_IDS, Metric, leaves
 from eval.stats import Verdict, compare
 from eval.stopping import StopScoring, TaskRule, first_stop
 from pipelines.core.card.cards import Gate
@@ -170,17 +170,7 @@ def test_length_rule_fails_a_build_whose_outputs_ramble(tmp_path):
     """A constructed case through the gate's reading path: per-document records with generated token ids,
     a build whose every output is 40 % longer than the baseline's."""
     scores = {"gen": [Metric(name="chrf", value=0.5)]}
-    result = AccuracyResult(
-        scores=scores,
-        n_samples={},
-        versions={},
-        chance={},
-        datasets={},
-        backend="hf",
-        lm_eval_version="x",
-        seconds=1,
-        peak_rss_mb=1,
-    )
+    result = accuracy_result(scores)
     sides = {}
     for side, extra in (("base", 0), ("long", 4)):
         folder = tmp_path / side
@@ -206,17 +196,7 @@ def test_a_task_with_a_control_is_judged_by_its_gain_over_it(tmp_path):
     """Per document, the probe's log-likelihood less its control's on the same item: a build that keeps the
     control's score but loses most of what the probe adds fails, though its raw score moved by about 1 %."""
     scores = {t: [Metric(name="bits_per_byte", value=1.0, higher_is_better=False)] for t in ("probe", "ctl")}
-    result = AccuracyResult(
-        scores=scores,
-        n_samples={},
-        versions={},
-        chance={},
-        datasets={},
-        backend="hf",
-        lm_eval_version="x",
-        seconds=1,
-        peak_rss_mb=1,
-    )
+    result = accuracy_result(scores)
     rng = np.random.default_rng(1)
     control = -70 + rng.normal(0, 5, 100)
     gain = 0.8 + rng.normal(0, 0.3, 100)
@@ -498,17 +478,7 @@ def test_scoring_stops_at_the_first_task_a_build_cannot_ship_with(tmp_path):
     a FAIL stops; an INCONCLUSIVE stops only under `inconclusive`; a passing task does not."""
     tasks = ("same", "unsure", "lost")
     scores = {t: [Metric(name="acc", value=1.0)] for t in tasks}
-    result = AccuracyResult(
-        scores=scores,
-        n_samples={},
-        versions={},
-        chance={},
-        datasets={},
-        backend="hf",
-        lm_eval_version="x",
-        seconds=1,
-        peak_rss_mb=1,
-    )
+    result = accuracy_result(scores)
     build_acc = {"same": [1.0] * 20, "unsure": [1.0] * 19 + [0.0], "lost": [0.0] * 20}
     for side in ("base", "build"):
         (tmp_path / side).mkdir()

@@ -143,7 +143,9 @@ def _choices_folder(folder, picks: list[list[float]], delimiter: str = "\n"):
     its argument (context, delimiter + choice); choices "a", "bbbb", "cc"; the answer is choice 0."""
     import json
 
-    from eval.records import AccuracyResult, Metric
+    from helpers import accuracy_result
+
+    from eval.records import Metric
 
     folder.mkdir()
     rows = [
@@ -160,17 +162,7 @@ def _choices_folder(folder, picks: list[list[float]], delimiter: str = "\n"):
     (folder / "samples_mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "lm_eval_results.json").write_text(json.dumps({"configs": {"mc": {"target_delimiter": delimiter}}}))
     metrics = [Metric(name="acc", value=0.5), Metric(name="acc_norm", value=0.5)]
-    result = AccuracyResult(
-        scores={"mc": metrics},
-        n_samples={"mc": len(rows)},
-        versions={},
-        chance={},
-        datasets={},
-        backend="hf",
-        lm_eval_version="x",
-        seconds=0,
-        peak_rss_mb=0,
-    )
+    result = accuracy_result({"mc": metrics}, n_samples={"mc": len(rows)})
     return folder, result
 
 

@@ -6,12 +6,12 @@ import multiprocessing as mp
 import re
 
 import pytest
-from helpers import REPO
+from helpers import REPO, accuracy_result
 
 from eval.accuracy import AccuracyConfig
 from eval.engine import EngineConfig
 from eval.loadgen import LoadSettings
-from eval.records import AccuracyResult, Metric
+from eval.records import Metric
 from pipelines.core.framework.registry import STAGES
 from pipelines.core.store.results import Evaluated, Quantized, StageResult, VllmSettings
 from pipelines.core.system.errors import QevalError
@@ -39,17 +39,7 @@ def _evaluated(recovery=None) -> Evaluated:
         "arc": [Metric(name="acc", value=0.5, stderr=0.01)],
         "gsm8k": [Metric(name="exact_match", filter="strict-match", value=0.3, stderr=0.02)],
     }
-    accuracy = AccuracyResult(
-        scores=scores,
-        n_samples={},
-        versions={},
-        chance={},
-        datasets={},
-        backend="hf",
-        lm_eval_version="x",
-        seconds=1,
-        peak_rss_mb=1,
-    )
+    accuracy = accuracy_result(scores)
     config = AccuracyConfig(checkpoint="c", tasks=["ppl"], num_fewshot=0, batch_size=8, seed=1, softmax_dtype="float64")
     return Evaluated(config=config, accuracy=accuracy, task_data_sha256=None, recovery=recovery)
 

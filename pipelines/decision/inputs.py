@@ -6,6 +6,9 @@ memory figures the policy (policy.py) judges. Every missing or mismatched input 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from eval.paired import Generation, Scored, flips, generation, paired
 from eval.serving import LevelMetrics
 from eval.sizing import Fit
@@ -86,6 +89,9 @@ def fits(card: ModelCard, precision: str) -> list[Fit]:
     return [projected[g] for g in card.gate.must_fit]
 
 
+T = TypeVar("T")
+
+
 def evaluation(card: ModelCard, precision: str) -> tuple[Scored, Evaluated]:
     """A build's finished evaluation: its per-document records and scores, and the stage's result."""
     done = require(card, precision, Evaluated, "gate")
@@ -148,28 +154,25 @@ def scored_tasks(card: ModelCard, *sides: Evaluated) -> list[str]:
 
 def generations(card: ModelCard, precision: str) -> dict[str, Generation]:
     """Every generative task of the card, the build against the baseline: output length and departures."""
-    base, (build, done) = evaluation(card, card.gate.baseline), evaluation(card, precision)
     band = card.gate.max_length_change or 0.10  # shown at MLPerf's band where the policy does not gate it
-    out = {}
-    for task in scored_tasks(card, done, base[1]):
-        try:
-            found = generation(task, base[0], build, band=band, bootstrap=card.gate.bootstrap)
-        except KeyError:
-            raise QevalError(
-                f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate"
-            ) from None
-        if found is not None:
-            out[task] = found
-    return out
+    return _each_task(card, precision, lambda t, a, b: generation(t, a, b, band=band, bootstrap=card.gate.bootstrap))
 
 
 def answer_flips(card: ModelCard, precision: str) -> dict[str, Flips]:
     """Every multiple-choice task of the card, the build against the baseline: how many answers changed."""
+    gate = card.gate
+    return _each_task(
+        card, precision, lambda t, a, b: flips(t, a, b, confidence=gate.confidence, metric=gate.task_metric.get(t))
+    )
+
+
+def _each_task(card: ModelCard, precision: str, compare: Callable[[str, Scored, Scored], T | None]) -> dict[str, T]:
+    """`compare(task, baseline, build)` for every task both scored, where it applies (None: it does not)."""
     base, (build, done) = evaluation(card, card.gate.baseline), evaluation(card, precision)
     out = {}
     for task in scored_tasks(card, done, base[1]):
         try:
-            found = flips(task, base[0], build, confidence=card.gate.confidence, metric=card.gate.task_metric.get(task))
+            found = compare(task, base[0], build)
         except KeyError:
             raise QevalError(
                 f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate"
