@@ -33,7 +33,7 @@ ENGINE_STAMP := $(ENGINE_VENV)/.installed-$(VLLM)
 ENGINE_EVAL_STAMP := $(ENGINE_VENV)/.installed-lm-eval
 ENGINE_DEPS  := $(ENGINE_STAMP) $(if $(HAS_CUDA),$(ENGINE_EVAL_STAMP))
 
-.PHONY: run speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size gate report ui quality venv engine team browser postgresql clean-venv
+.PHONY: run speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size gate report sensitivity search ui quality venv engine team browser postgresql clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -123,6 +123,14 @@ gate: $(STAMP)
 
 report: $(STAMP)
 	$(QEVAL) report --model $(MODEL)
+
+# A precision's layer groups by sensitivity (PRECISION=p; default the card's search target), and the cheapest
+# mixed-precision build that passes, by the card's `search:` section (`qeval run` runs it too)
+sensitivity: $(STAMP)
+	$(QEVAL) sensitivity --model $(MODEL) $(if $(PRECISION),--precision $(PRECISION))
+
+search: $(STAMP) $(ENGINE_DEPS)
+	$(QEVAL) search --model $(MODEL)
 
 models: $(STAMP)
 	$(QEVAL) models

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pipelines import cli_ship
+from pipelines import cli_search, cli_ship
 from pipelines.cli_common import (
     ForceOpt,
     JsonOpt,
@@ -30,6 +30,7 @@ from pipelines.cli_common import (
 from pipelines.core.card import cards as cards_mod
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import StageRecord
+from pipelines.core.store.searches import with_carried
 from pipelines.core.system import logs, progress
 from pipelines.core.system.errors import QevalError
 from pipelines.present import console
@@ -86,7 +87,7 @@ def _run_builds(
     **options: Any,
 ) -> None:
     """Run one stage for the chosen builds of a card (all checked before any work starts)."""
-    card = cards_mod.load_card(model).with_scenarios(scenarios or [])
+    card = with_carried(cards_mod.load_card(model)).with_scenarios(scenarios or [])
     chosen = _builds(card, precisions, default(card))
     tracker = tracker_for(model)
     _report(model, [stage(card, p, tracker, **options) for p in chosen], as_json)
@@ -239,7 +240,7 @@ def size(
     import eval.gpus as gpus
     from pipelines.stages import size as size_stage
 
-    card = cards_mod.load_card(model)
+    card = with_carried(cards_mod.load_card(model))
     chosen = _builds(card, precision, card.precisions)
     names = gpu or [g.name for g in gpus.CATALOG]
     grid, a, fits = size_stage.projection(card, chosen, names, batch, input_len, output_len, mbu)
@@ -249,34 +250,6 @@ def size(
         for p in chosen:
             size_stage.size(card, p, tracker)
     emit_json({"model": model, "grid": grid, "mbu": mbu, "rows": [asdict(f) for f in fits]}, as_json)
-
-
-@app.command()
-@guarded
-def sensitivity(
-    model: ModelOpt,
-    precision: Annotated[str, typer.Option(help="the quantized precision whose weight scheme each group is given")],
-    samples: Annotated[int | None, typer.Option(min=1, help="calibration samples, overriding the card")] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Each layer group's cost when it alone is quantized (KL divergence from the baseline), most sensitive first."""
-    from rich.table import Table
-
-    from pipelines.sensitivity import measure
-
-    ranking = measure(cards_mod.load_card(model), precision, samples)
-    table = Table(title=f"{model}: each layer group alone at {precision} ({ranking.scheme}, round to nearest)")
-    for column in ("rank", "layer group", "KL divergence per token (nats)"):
-        table.add_column(column, justify="right" if column != "layer group" else "left")
-    for i, s in enumerate(ranking.ranked, 1):
-        table.add_row(str(i), s.group.name, f"{s.kl:.3g}")
-    out.print(table)
-    out.print(
-        f"over {ranking.tokens:,} calibration tokens; the most sensitive half at once: {ranking.top_half_kl:.3g} "
-        f"nats, the least sensitive half: {ranking.bottom_half_kl:.3g}",
-        highlight=False,
-    )
-    emit_json(ranking.as_dict(), as_json)
 
 
 def _gate_outcome(decision, as_json: bool, extra: dict | None = None) -> None:
@@ -335,12 +308,15 @@ def run(
     )
     out.print(console.builds(result.records, result.decision))
     out.print(f"report: {result.report_files[-1]}", highlight=False)
+    if result.search is not None:
+        out.print(f"search: {result.search.why}", highlight=False)
     out.print(console.time_by_stage(result.seconds), highlight=False)
     extra = {
         "model": model,
         "stages": [r.as_json() for r in result.records],
         "report": [str(p) for p in result.report_files],
         "seconds": {k: round(v, 1) for k, v in result.seconds.items()},
+        "search": result.search.model_dump(mode="json") if result.search else None,
     }
     if result.decision is None:
         err.print(f"qeval: nothing ships for {model}: {result.speed_half}", highlight=False)
@@ -369,7 +345,7 @@ def gate(
 
     if against not in (None, "ship"):
         raise QevalError(f"--against takes 'ship' (the build alias ship points at), not '{against}'")
-    card = _only(cards_mod.load_card(model), precision)
+    card = _only(with_carried(cards_mod.load_card(model)), precision)
     _gate_outcome(run_gate(card, tracker_for(model), against=against), as_json)
 
 
@@ -382,7 +358,7 @@ def report(model: ModelOpt, as_json: JsonOpt = False) -> None:
     from pipelines.present.report import report as write_report
     from pipelines.tracking.readback import fetch_builds, fetch_decision
 
-    card = cards_mod.load_card(model)
+    card = with_carried(cards_mod.load_card(model))
     tracker = tracker_for(model)
     fetch_decision(tracker)  # the store's decision, and the stages it judged, where this machine lacks them
     fetch_builds(card, tracker)
@@ -405,5 +381,6 @@ def ui(
     serve_ui(host, port, model, out, err)
 
 
-for _command in (cli_ship.pull, cli_ship.verify, cli_ship.card):  # the registry's commands, in their own module
+# the registry's commands, and the mixed-precision search's, in their own modules
+for _command in (cli_ship.pull, cli_ship.verify, cli_ship.card, cli_search.sensitivity, cli_search.search):
     app.command()(_command)

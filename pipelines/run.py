@@ -2,10 +2,11 @@
 
 quantize (every precision; the baseline only records its size), then evaluate, bench, size and serve
 (every build; the server reads the offline evaluation and, on a GPU, the size stage's tensor-parallel
-degree), then the gate and the report over all builds (pipelines/core/framework/registry.py has the order). Each
-build stage is cached, so a rerun costs seconds; the first stage that fails stops the run with its error,
-and everything done before it stays. With a Ray address each build's stages run as one task instead
-(pipelines/fanout.py).
+degree; pipelines/core/framework/registry.py has the order); where the card has a `search:` section, the
+mixed-precision search (pipelines/search.py) and every stage for the mix it carries on; then the gate and the
+report over all builds. Each build stage is cached, so a rerun costs seconds; the first stage that fails stops
+the run with its error, and everything done before it stays. With a Ray address each build's stages run as one
+task instead (pipelines/fanout.py), and the search is left to `qeval search`.
 
 A card whose base weights cannot be had here (not in the local cache, the hub not reachable), or a run
 asked for its speed half alone (`--speed-half`), runs the stages that need no weights instead: every
@@ -26,6 +27,7 @@ from pipelines.core.framework.registry import FULL_RUN, SPEED_HALF, STAGES
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.framework.weights import WeightsRefused, resolve_weights
 from pipelines.core.store.manifests import StageRecord
+from pipelines.core.store.searches import Searched
 from pipelines.core.store.verdicts import Decision
 from pipelines.core.system.errors import QevalError
 from pipelines.decision.gate import gate, nothing_to_gate
@@ -43,6 +45,7 @@ class PipelineResult:
     speed_half: str | None = None  # why only the speed half ran
     # wall seconds this run spent per stage (every build together), the gate, the report, and in all
     seconds: dict[str, float] = field(default_factory=dict)
+    search: Searched | None = None  # the mixed-precision search, where the card asks for one
 
 
 def weights_missing(card: ModelCard) -> str | None:
@@ -87,8 +90,14 @@ def run_pipeline(
         result = _on_ray(card, tracker, builds, [s for s in FULL_RUN if s not in skip], ray_address, force)
     else:
         seconds: dict[str, float] = defaultdict(float)
-        records = _in_order(card, tracker, builds, [s for s in FULL_RUN if s not in skip], force, seconds)
+        stages = [s for s in FULL_RUN if s not in skip]
+        records = _in_order(card, tracker, builds, stages, force, seconds)
+        found = None
+        if searching(card, skip):
+            card, found, more = _search(card, tracker, stages, force, seconds)
+            records += more
         result = _decide(card, tracker, records, seconds)
+        result.search = found
     result.seconds["total"] = time.perf_counter() - t0
     return result
 
@@ -106,6 +115,32 @@ def _in_order(
         records.append(STAGES[stage].load()(card, precision, tracker, force=force))
         seconds[stage] += time.perf_counter() - t0
     return records
+
+
+def searching(card: ModelCard, skip: tuple[str, ...]) -> bool:
+    """Whether the run searches for a mixed build: the card has a search whose precisions it builds, and its
+    ranking (the sensitivity stage) is not skipped."""
+    s = card.search
+    return s is not None and "sensitivity" not in skip and {s.target, s.fallback} <= set(card.precisions)
+
+
+def _search(
+    card: ModelCard, tracker: Tracker, stages: list[str], force: bool, seconds: dict[str, float]
+) -> tuple[ModelCard, Searched, list[StageRecord]]:
+    """The mixed-precision search, then every stage for the mix it carries on (the one that passes with the
+    fewest bytes, else the last it tried): the card with that build added, and its stages' records."""
+    from pipelines.search import search, with_build
+
+    log.info(
+        "search %s: %s with its most sensitive layer groups at %s", card.name, card.search.target, card.search.fallback
+    )
+    t0 = time.perf_counter()
+    found = search(card, tracker, force=force)
+    seconds["search"] += time.perf_counter() - t0
+    if found.carried is None:
+        return card, found, []
+    mixed = with_build(card, found.carried)
+    return mixed, found, _in_order(mixed, tracker, [found.carried], stages, force, seconds)
 
 
 def _speed_half(

@@ -41,6 +41,8 @@ class QuantizeConfig(BaseModel):
         None, description="calibration text (a local dataset as an absolute path); None if not needed"
     )
     trust_remote_code: bool = False
+    target_modules: list[str] = Field([], description="a mixed build: the layers at its target precision")
+    fallback_modules: list[str] = Field([], description="a mixed build: the layers kept at its fallback precision")
     seed: int = 0
     dtype: str = Field(
         SAVED_DTYPE,
@@ -139,7 +141,8 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
         )
 
     t0 = time.perf_counter()
-    recipe = build_recipe(cfg.precision, RecipeOptions(group_size=cfg.group_size, ignore=cfg.ignore))
+    opts = RecipeOptions(cfg.group_size, cfg.ignore, tuple(cfg.target_modules), tuple(cfg.fallback_modules))
+    recipe = build_recipe(cfg.precision, opts)
     oneshot(
         model=model,
         recipe=recipe,

@@ -63,6 +63,8 @@ def execution(precision: str, device: Device, kernel: str | None = None) -> Exec
             return Execution.UNKNOWN
         if "FP8" in kernel.upper() and not kernel.startswith("CPU"):
             return Execution.EMULATED
+        if p.mix is not None:  # each of its kernels runs one of its two formats: the kernel says which
+            return Execution.WEIGHT_ONLY if "WNA16" in kernel.upper() else Execution.NATIVE
         return Execution.WEIGHT_ONLY if p.activation_bits >= 16 else Execution.NATIVE
     if kernel is not None and "marlin" in kernel.lower():
         return Execution.WEIGHT_ONLY

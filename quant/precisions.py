@@ -10,6 +10,7 @@ precision's entry with another KV-cache dtype: the same checkpoint, served and s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -23,6 +24,16 @@ Capability = tuple[int, int]
 FP8_TENSOR_CORES: Capability = (8, 9)
 INT8_TENSOR_CORES: Capability = (7, 5)
 MARLIN: Capability = (8, 0)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """A mixed build's make-up: every linear layer at `target` but the `kept` most sensitive layer groups, which
+    are at `fallback` (quant/sensitivity.py ranks the groups; the search names which)."""
+
+    target: str
+    fallback: str
+    kept: int
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,8 @@ class Precision:
     """The KV cache's dtype it is served with (auto: the card's `server.kv_cache_dtype`)."""
     shares: str | None = None
     """A KV-cache variant serves this precision's checkpoint: it builds nothing of its own."""
+    mix: Mix | None = None
+    """A mixed build: most layers at one precision, the most sensitive groups at another (MIX_FORM)."""
 
     def describe(self, group_size: int) -> str:
         return self.summary.format(group=group_size)
@@ -131,9 +144,22 @@ KV_VARIANTS = {"kv-fp8": "fp8"}
 `--kv-cache-dtype`): its own build, evaluated, served, sized and gated like any other."""
 
 
+MIX_FORM = re.compile(r"(?P<target>[a-z0-9]+)\+(?P<kept>[0-9]+)x(?P<fallback>[a-z0-9]+)")
+"""`gptq+3xint8`: GPTQ's build with its 3 most sensitive layer groups at INT8 (a mixed build, Mix)."""
+MIX_TARGETS = ("fp8", "int8", "gptq")
+"""Precisions a mixed build can take most layers to: each is one quantizing modifier that applies every config
+group's own scheme (AWQ's smoothing searches one scheme's scales across all layers, so it stays uniform)."""
+
+
+def mix_name(target: str, kept: int, fallback: str) -> str:
+    return f"{target}+{kept}x{fallback}"
+
+
 def get_precision(name: str) -> Precision:
-    """The registry entry for `name` (`int8`, or a KV-cache variant such as `int8+kv-fp8`); a ValueError that
-    lists the known names otherwise."""
+    """The registry entry for `name` (`int8`, a KV-cache variant such as `int8+kv-fp8`, or a mixed build such as
+    `gptq+3xint8`); a ValueError that lists the known names otherwise."""
+    if m := MIX_FORM.fullmatch(name):
+        return _mixed(name, m["target"], m["fallback"], int(m["kept"]))
     base, plus, suffix = name.partition("+")
     p = lookup(PRECISIONS, base, "precision")
     if not plus:
@@ -141,6 +167,31 @@ def get_precision(name: str) -> Precision:
     kv = lookup(KV_VARIANTS, suffix, f"KV-cache variant of '{base}'")
     return replace(
         p, name=name, summary=f"{p.summary}; {kv.upper()} KV cache", needs_calibration=False, kv_cache=kv, shares=base
+    )
+
+
+def _mixed(name: str, target: str, fallback: str, kept: int) -> Precision:
+    t = lookup(PRECISIONS, target, "precision")
+    f = lookup(PRECISIONS, fallback, "precision")
+    if target not in MIX_TARGETS:
+        raise ValueError(f"a mixed build's layers go to one of {', '.join(MIX_TARGETS)}, not '{target}'")
+    if f.weight_bits <= t.weight_bits:
+        raise ValueError(f"{name}: the layers kept back go to a wider format than {target}'s, not {fallback}")
+    formats = {t.checkpoint_format, f.checkpoint_format} - {None}
+
+    def later(a: Capability | None, b: Capability | None) -> Capability | None:
+        return None if a is None or b is None else max(a, b)
+
+    return replace(
+        t,
+        name=name,
+        summary=f"{t.summary}; its {kept} most sensitive layer groups at {fallback}",
+        needs_calibration=t.needs_calibration or f.needs_calibration,
+        recipe=lambda opts: recipes.mixed(t.recipe, f.recipe, opts),
+        checkpoint_format="mixed-precision" if len(formats) > 1 else t.checkpoint_format,
+        native_from=later(t.native_from, f.native_from),
+        weight_only_from=later(t.weight_only_from or t.native_from, f.weight_only_from or f.native_from),
+        mix=Mix(target, fallback, kept),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 GROUP_SIZE = 128
@@ -24,6 +25,10 @@ class RecipeOptions:
 
     group_size: int
     ignore: list[str]
+    target_modules: tuple[str, ...] = ()
+    """A mixed build's layers at its target precision, by full module name (recipes.mixed)."""
+    fallback_modules: tuple[str, ...] = ()
+    """A mixed build's layers kept at its fallback precision."""
 
 
 def _groups(preset: str, opts: RecipeOptions) -> dict:
@@ -69,9 +74,37 @@ def gptq(opts: RecipeOptions) -> list:
     return [GPTQModifier(config_groups=_groups("W4A16", opts), ignore=opts.ignore)]
 
 
-def saved_config(recipe: list, fmt: str) -> dict:
+def mixed(target: Callable[[RecipeOptions], list], fallback: Callable | None, opts: RecipeOptions) -> list:
+    """A mixed build's recipe: the target precision's, its quantizing modifier given two config groups, the
+    target's scheme for `opts.target_modules` and the fallback's for `opts.fallback_modules`, each by full module
+    name (a fallback of None, the baseline, leaves them unquantized). Exact names, not `Linear`: compressed-tensors
+    and vLLM both match a layer to its own name first, and a fused layer (q/k/v) only where all its parts name
+    one group (vllm/model_executor/layers/quantization/compressed_tensors/utils.py, `_match_fused_layer`)."""
+    if not opts.target_modules:
+        raise ValueError("a mixed build names no layers at its target precision")
+    steps = target(opts)
+    (at,) = [i for i, m in enumerate(steps) if hasattr(m, "resolved_config")]
+    groups = {"group_0": _scheme(steps[at], opts.target_modules)}
+    ignore = list(opts.ignore)
+    if fallback is None:
+        ignore += opts.fallback_modules
+    elif opts.fallback_modules:
+        (back,) = [m for m in fallback(opts) if hasattr(m, "resolved_config")]
+        groups["group_1"] = _scheme(back, opts.fallback_modules)
+    steps[at] = type(steps[at])(config_groups=groups, ignore=ignore)
+    return steps
+
+
+def _scheme(modifier, modules: tuple[str, ...]):
+    """The modifier's one resolved scheme, aimed at `modules`."""
+    (scheme,) = modifier.resolved_config.config_groups.values()
+    return scheme.model_copy(update={"targets": list(modules)})
+
+
+def saved_config(recipe: list, fmt: str, group_formats: dict[str, str] | None = None) -> dict:
     """The `quantization_config` a checkpoint that `recipe` builds saves in compressed-tensors format `fmt`,
-    resolved from the recipe's quantizing modifier without data (quant/shape_build.py)."""
+    resolved from the recipe's quantizing modifier without data (quant/shape_build.py); `group_formats`: each
+    config group's own format where they differ (a mixed build's, whose `fmt` is mixed-precision)."""
     from compressed_tensors import __version__
     from compressed_tensors.quantization import QuantizationStatus
 
@@ -79,8 +112,8 @@ def saved_config(recipe: list, fmt: str) -> dict:
     if len(resolving) != 1:
         raise ValueError(f"the recipe has {len(resolving)} quantizing modifiers, not one")
     config = resolving[0].resolved_config.model_copy(deep=True)
-    for group in config.config_groups.values():
-        group.format = fmt
+    for name, group in config.config_groups.items():
+        group.format = (group_formats or {}).get(name, fmt)
     config.format = fmt
     config.quantization_status = QuantizationStatus.COMPRESSED
     # the keys compressed-tensors' compressor adds when it saves a checkpoint (no sparsity, no transform)

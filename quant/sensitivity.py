@@ -117,11 +117,16 @@ def _logits(model: Any, batches: list[Any]) -> list[Any]:
 def quantized_kl(model: Any, groups: list[Group], args: Any, batches: list[Any], base: list[Any]) -> float:
     """The mean KL divergence from `base` (the baseline's logits, per batch) with every group in `groups`
     quantized at once; the model's weights are put back after."""
+    return _kl_with(model, [(groups, args)], batches, base)
+
+
+def _kl_with(model: Any, plan: list[tuple[list[Group], Any]], batches: list[Any], base: list[Any]) -> float:
+    """The mean KL divergence from `base` with each plan entry's groups quantized to its arguments."""
     modules = dict(model.named_modules())
     kept = {}
     try:
-        for g in groups:
-            for name in g.modules:
+        for groups, args in plan:
+            for name in (n for g in groups for n in g.modules):
                 w = modules[name].weight
                 kept[name] = w.data
                 w.data = fake_quantized(w.data, args)
@@ -150,3 +155,22 @@ def halves(model: Any, ranked: list[Sensitivity], args: Any, batches: list[Any])
     half = len(ranked) // 2
     top, bottom = [s.group for s in ranked[:half]], [s.group for s in ranked[len(ranked) - half :]]
     return quantized_kl(model, top, args, batches, base), quantized_kl(model, bottom, args, batches, base)
+
+
+def frontier(
+    model: Any, ranked: list[Sensitivity], target: Any, fallback: Any, batches: list[Any], kept: list[int]
+) -> dict[int, float]:
+    """The predicted frontier of mixed builds: for each k in `kept`, the KL divergence with the k most sensitive
+    groups at `fallback` (None: left at the baseline's weights) and every other ranked group at `target`."""
+    base = _logits(model, batches)
+    out = {}
+    for k in kept:
+        top, rest = [s.group for s in ranked[:k]], [s.group for s in ranked[k:]]
+        out[k] = _kl_with(model, [(rest, target)] + ([(top, fallback)] if fallback is not None else []), batches, base)
+    return out
+
+
+def parameters(model: Any, group: Group) -> int:
+    """The weights of a group's layers."""
+    modules = dict(model.named_modules())
+    return sum(modules[n].weight.numel() for n in group.modules)

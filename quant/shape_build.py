@@ -31,7 +31,12 @@ def quantization_config(precision: str, opts: RecipeOptions) -> dict | None:
     if p.recipe is None or p.checkpoint_format is None:
         return None
     recipes.import_quietly()
-    return recipes.saved_config(build_recipe(precision, opts) or [], p.checkpoint_format)
+    formats = None
+    if p.mix:  # recipes.mixed: group_0 the target's layers, group_1 the fallback's
+        formats = {"group_0": get_precision(p.mix.target).checkpoint_format}
+        if fallback := get_precision(p.mix.fallback).checkpoint_format:
+            formats["group_1"] = fallback
+    return recipes.saved_config(build_recipe(precision, opts) or [], p.checkpoint_format, formats)
 
 
 def write_shape_build(

@@ -40,6 +40,9 @@ class VerifyConfig(BaseModel):
     trust_remote_code: bool = False
     dtype: str = Field("bfloat16", description="dtype both models compute in (quant.execution.compute_dtype)")
     device: str = Field("auto", description="where both models run; auto: the GPU where there is one, else the CPU")
+    layer_formats: dict[str, str] = Field(
+        {}, description="a mixed build: the format each linear layer must be stored in, by full module name"
+    )
 
 
 class VerifyResult(BaseModel):
@@ -49,22 +52,65 @@ class VerifyResult(BaseModel):
     top1_agreement: float = Field(description="share of positions whose argmax token agrees")
     max_abs_logit_diff: float
     positions: int
+    layers: dict[str, int] = Field({}, description="a mixed build: its layers as stored, counted by format")
 
 
 def check_quantization_config(config: dict, precision: str) -> tuple[str, int]:
-    """The declared (format, weight bits); ValueError when they do not match the precision."""
+    """The declared (format, narrowest weight bits); ValueError when they do not match the precision (a mixed
+    build: both its precisions' bit widths)."""
     want = get_precision(precision)
     qc = config.get("quantization_config")
     if qc is None or qc.get("quant_method") != "compressed-tensors":
         raise ValueError(f"the saved {precision} checkpoint declares no compressed-tensors quantization_config")
     bits = {g["weights"]["num_bits"] for g in qc.get("config_groups", {}).values() if g.get("weights")}
+    widths = {want.weight_bits}
+    if want.mix and (fallback := get_precision(want.mix.fallback)).checkpoint_format:
+        widths.add(fallback.weight_bits)
     fmt = qc.get("format")
-    if fmt != want.checkpoint_format or bits != {want.weight_bits}:
+    if fmt != want.checkpoint_format or bits != widths:
         raise ValueError(
             f"the saved {precision} checkpoint declares format {fmt} with {sorted(bits)}-bit weights; "
-            f"expected {want.checkpoint_format} with {want.weight_bits}-bit weights"
+            f"expected {want.checkpoint_format} with {sorted(widths)}-bit weights"
         )
     return fmt, want.weight_bits
+
+
+STORED = {"I8": "int-quantized", "F8_E4M3": "float-quantized"}
+"""A linear layer's format by its `weight`'s safetensors dtype (else dense); a packed one has `weight_packed`."""
+
+
+def stored_formats(checkpoint: Path, modules: list[str]) -> dict[str, str]:
+    """The format each named layer's weight is stored in, read from the checkpoint's safetensors headers:
+    pack-quantized (`<layer>.weight_packed`), int-quantized or float-quantized (its `weight`'s dtype), dense."""
+    from safetensors import safe_open
+
+    dtypes = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            dtypes |= {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 (a reader, not a dict)
+    out = {}
+    for m in modules:
+        if f"{m}.weight_packed" in dtypes:
+            out[m] = "pack-quantized"
+        elif f"{m}.weight" in dtypes:
+            out[m] = STORED.get(dtypes[f"{m}.weight"], "dense")
+        else:
+            out[m] = "missing"
+    return out
+
+
+def check_layers(checkpoint: Path, want: dict[str, str]) -> dict[str, int]:
+    """Every layer stored as `want` says (module -> format); its layers counted by format, ValueError otherwise."""
+    got = stored_formats(checkpoint, list(want))
+    if wrong := [f"{m} ({got[m]}, not {w})" for m, w in want.items() if got[m] != w]:
+        raise ValueError(
+            f"{len(wrong)} of {len(want)} layers are not stored as the mix says: {', '.join(wrong[:4])}"
+            f"{' ...' if len(wrong) > 4 else ''}"
+        )
+    counts: dict[str, int] = {}
+    for f in got.values():
+        counts[f] = counts.get(f, 0) + 1
+    return counts
 
 
 def compare_logits(base_logits, build_logits) -> tuple[float, float, float, int]:
@@ -86,6 +132,7 @@ def verify_checkpoint(cfg: VerifyConfig, out_dir: Path) -> VerifyResult:
 
     config = json.loads((Path(cfg.checkpoint) / "config.json").read_text())
     fmt, bits = check_quantization_config(config, cfg.precision)
+    layers = check_layers(Path(cfg.checkpoint), cfg.layer_formats) if cfg.layer_formats else {}
     tokenizer = AutoTokenizer.from_pretrained(cfg.base)
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     load = {"trust_remote_code": cfg.trust_remote_code, "use_safetensors": True, "dtype": getattr(torch, cfg.dtype)}
@@ -114,4 +161,5 @@ def verify_checkpoint(cfg: VerifyConfig, out_dir: Path) -> VerifyResult:
         top1_agreement=agree,
         max_abs_logit_diff=diff,
         positions=n,
+        layers=layers,
     )

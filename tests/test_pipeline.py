@@ -39,24 +39,25 @@ def _report(run) -> str:
 
 def test_run_does_every_stage_in_order_and_says_how_long_each_took(pipeline_run):
     doc = pipeline_run.doc
+    mix = doc["search"]["carried"]  # the mixed build the card's search built (test_the_search_...)
     # the gate decided (exit 1 exactly when nothing ships)
     assert (pipeline_run.returncode == 0) == (doc["gate"]["chosen"] is not None)
-    assert {b["precision"] for b in doc["gate"]["builds"]} == set(PRECISIONS) - {"bf16"}
+    assert {b["precision"] for b in doc["gate"]["builds"]} == set(PRECISIONS) - {"bf16"} | {mix}
     assert doc["gate"]["speed_axis"].startswith("goodput")  # judged as served
-    assert [(s["stage"], s["precision"]) for s in doc["stages"]] == [(st, p) for st in BUILD_STAGES for p in PRECISIONS]
-    statuses = {s["stage"]: set() for s in doc["stages"]}
-    for s in doc["stages"]:
-        statuses[s["stage"]].add(s["status"])
+    assert [(s["stage"], s["precision"]) for s in doc["stages"]] == [
+        *((st, p) for st in BUILD_STAGES for p in PRECISIONS),
+        *((st, mix) for st in BUILD_STAGES),  # after the uniform builds' stages and the search
+    ]
+    statuses = {(s["stage"], s["precision"] == mix): s["status"] for s in doc["stages"]}
     assert statuses == {
-        "quantize": {"skipped"},
-        "evaluate": {"skipped"},
-        "bench": {"skipped"},
-        "size": {"skipped"},  # the fixtures'
-        "serve": {"done"},
+        **{(st, False): "skipped" for st in ("quantize", "evaluate", "bench", "size")},  # the fixtures'
+        ("serve", False): "done",
+        **{(st, True): "skipped" for st in ("quantize", "evaluate")},  # the search built and evaluated it
+        **{(st, True): "done" for st in ("bench", "size", "serve")},
     }
     # its time by stage, this run's wall time: the cached stages' checks, the served ones' whole work
     seconds = doc["seconds"]
-    assert list(seconds) == [*BUILD_STAGES, "gate", "report", "total"]
+    assert list(seconds) == [*BUILD_STAGES, "search", "gate", "report", "total"]
     assert seconds["serve"] > seconds["quantize"] and seconds["serve"] > 10
     assert sum(v for k, v in seconds.items() if k != "total") <= seconds["total"] + 0.5
 
@@ -72,6 +73,7 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
         "quality_vs_speed.png",
         "quality_vs_weights.png",
         "report.md",
+        "sensitivity.png",
         "speed_vs_batch.png",
     ]
     assert all(Path(p).stat().st_size > 1000 for p in pipeline_run.doc["report"])
@@ -99,6 +101,42 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
     assert all(f"| {b} | refkjv_next_verse | acc_norm " in changed for b in PRECISIONS[1:])
     size = _result(pipeline_run, "size", "gptq")
     assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
+
+
+def test_the_search_ranks_the_layers_builds_one_mix_proves_it_and_serves_it_with_both_kernels(pipeline_run):
+    found = pipeline_run.doc["search"]
+    mix = found["carried"]
+    assert (found["target"], found["fallback"], found["groups"]) == ("gptq", "int8", 24)  # 6 layers, 4 groups each
+    assert found["top_half_kl"] > found["bottom_half_kl"] > 0
+    frontier = found["frontier"]  # predicted before anything was built, from none kept to all
+    assert [c["kept"] for c in frontier] == list(range(25))
+    assert (frontier[0]["precision"], frontier[-1]["precision"]) == ("gptq", "int8")
+    assert [c["weight_bytes"] for c in frontier] == sorted(c["weight_bytes"] for c in frontier)
+    assert frontier[0]["predicted_kl"] > frontier[-1]["predicted_kl"] > 0
+    assert {t["precision"] for t in found["uniform"]} == set(PRECISIONS) - {"bf16"}
+    (tried,) = found["tried"]  # the card allows one evaluation
+    assert tried["precision"] == mix == f"gptq+{found['first']}xint8" and 0 < found["first"] < 24
+    assert found["chosen"] in (None, mix) and found["why"]
+    gated = next(b for b in pipeline_run.doc["gate"]["builds"] if b["precision"] == mix)
+    assert tried["verdict"] == gated["verdict"]  # the search's judge is the gate's quality rules
+    # a real compressed-tensors checkpoint with two schemes, proven layer by layer; its real bytes in between
+    q = _result(pipeline_run, "quantize", mix)
+    assert q["proof"]["format"] == "mixed-precision"
+    layers = q["proof"]["layers"]
+    assert set(layers) == {"pack-quantized", "int-quantized"} and sum(layers.values()) == 6 * 7
+    sizes = {p: _result(pipeline_run, "quantize", p)["checkpoint_bytes"] for p in ("gptq", "int8")}
+    assert sizes["gptq"] < q["checkpoint_bytes"] == tried["weight_bytes"] < sizes["int8"]
+    served = _result(pipeline_run, "serve", mix)
+    if vllm_cannot_run(mix, CPU):
+        assert served["engine"] == "transformers"
+    else:  # one kernel per format, each labelled by how it runs here
+        assert served["engine"] == "vllm" and served["execution"] == "mixed"
+        assert sorted(k["execution"] for k in served["kernels"]) == ["native", "weight-only"]
+    report = _report(pipeline_run)
+    section = report.split("## Mixed precision: gptq with its most sensitive layer groups at int8")[1]
+    assert f"| {found['first']} | {mix} | " in section and "| 0 | gptq | " in section and "| 24 | int8 | " in section
+    ranked = pipeline_run.root / "artifacts/ref-small/gptq/sensitivity"
+    assert (ranked / "sensitivity.png").stat().st_size > 1000 and (ranked / "sensitivity.json").is_file()
 
 
 def test_the_kv_cache_variant_shares_int8s_weights_with_half_the_kv_cache(pipeline_run):

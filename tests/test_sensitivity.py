@@ -3,6 +3,8 @@ quantized and back, and a layer made fragile on purpose ranked first, on a small
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from quant.sensitivity import fake_quantized, halves, layer_groups, rank, weight_args
@@ -93,14 +95,39 @@ def test_a_layer_made_fragile_ranks_first_and_the_halves_agree(tiny):
 def test_qeval_sensitivity_ranks_ref_lms_layer_groups(workdir):
     from helpers import env_with, last_json_line, qeval
 
-    done = qeval("sensitivity", "-m", "ref-lm", "--precision", "gptq", "--samples", "4", "--json", env=env_with())
+    # the precision: the card's search target (gptq), its sensitive groups kept at the search's fallback (int8)
+    done = qeval("sensitivity", "-m", "ref-lm", "--samples", "4", "--json", env=env_with())
     assert done.returncode == 0, done.stderr[-2000:]
     got = last_json_line(done.stdout)
+    assert (got["precision"], got["fallback"]) == ("gptq", "int8")
     kl = [g["kl"] for g in got["ranked"]]
     assert len(kl) == 6 * 4 and kl == sorted(kl, reverse=True) and kl[-1] > 0  # six layers, four groups each
     assert {len(g["modules"]) for g in got["ranked"]} == {1, 2, 3}  # q/k/v and gate/up share their format
     assert got["top_half_kl"] > got["bottom_half_kl"] > 0 and got["tokens"] > 4 * 16
+    # the frontier: keeping more groups at int8 costs bytes; the ends are the uniform builds
+    frontier = got["frontier"]
+    assert [c["precision"] for c in frontier[:2]] == ["gptq", "gptq+1xint8"] and frontier[-1]["precision"] == "int8"
+    assert all(a["weight_bytes"] < b["weight_bytes"] for a, b in itertools.pairwise(frontier))
+    assert frontier[0]["effective_bits"] > 4 and frontier[-1]["effective_bits"] == 8  # scales: 16 bits per 128
+    assert frontier[0]["predicted_kl"] > frontier[-1]["predicted_kl"] > 0
+    again = qeval("sensitivity", "-m", "ref-lm", "--samples", "4", "--json", env=env_with())
+    assert last_json_line(again.stdout) == got and "unchanged, skipped" in again.stderr  # a stage, cached
     assert "layers.0.mlp.down_proj" in done.stdout and "the least sensitive half" in done.stdout
     for precision, says in (("bf16", "quantizes no weights of its own"), ("nope", "nope")):
         bad = qeval("sensitivity", "-m", "ref-lm", "--precision", precision, env=env_with())
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_the_predicted_frontier_runs_from_the_uniform_target_to_the_uniform_fallback(tiny):
+    from quant.sensitivity import _logits, frontier, quantized_kl
+
+    model, batches = tiny
+    groups = layer_groups(model, ["lm_head"])
+    gptq, int8 = weight_args("gptq", 128, ["lm_head"]), weight_args("int8", 128, ["lm_head"])
+    ranked = rank(model, groups, gptq, batches)
+    kept_bf16 = frontier(model, ranked, gptq, None, batches, [0, 3, 8])
+    everything = quantized_kl(model, groups, gptq, batches, _logits(model, batches))
+    assert kept_bf16[0] == pytest.approx(everything) and kept_bf16[0] > kept_bf16[3] > 0
+    assert kept_bf16[8] == pytest.approx(0, abs=1e-9)  # every group kept at the baseline's weights
+    kept_int8 = frontier(model, ranked, gptq, int8, batches, [8])
+    assert 0 < kept_int8[8] < kept_bf16[0]  # all at INT8: a divergence, smaller than all at 4 bits

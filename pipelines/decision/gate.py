@@ -22,10 +22,11 @@ run, so that any machine reaching the store can fetch it (`qeval pull`).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from eval.paired import Scored
+from eval.paired import Generation, Scored
 from eval.stats import Comparison, Verdict
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework.code import code_version
@@ -76,16 +77,11 @@ def judge(
     """Every rule of the card's policy applied to one quantized build; with `shipped` (the name and the
     evaluation of the build alias `ship` points at), its tasks against that build's too."""
     policy = card.gate
-    tasks: dict[str, Comparison] = task_comparisons(card, precision)
+    q = quality(card, precision)
     vs_ship = paired_with(card, precision, shipped[1]) if shipped else {}
     build, weight_bytes = measured(card, precision)
-    generated = generations(card, precision)
-    rules = [task_rule(t, c) for t, c in tasks.items()]
-    rules += [length_rule(policy, t, g.length) for t, g in generated.items()]
+    rules = list(q.rules)
     rules += [vs_ship_rule(shipped[0], t, c) for t, c in vs_ship.items()] if shipped else []
-    unscored = not_scored(card, precision)
-    # a task left unscored cannot pass: the build cannot ship, whatever its scored tasks say
-    rules += [Rule(t, Verdict.INCONCLUSIVE, f"{t}: not scored ({why})") for t, why in unscored.items()]
     fast, up = speed_rule(policy, build, baseline, baseline_bytes / weight_bytes)
     rules += [fast, memory_rule(policy, build)]
     if card.traffic is not None:
@@ -96,14 +92,38 @@ def judge(
         precision=precision,
         verdict=combine([r.verdict for r in rules]),
         rules=rules,
-        tasks=tasks,
+        tasks=q.tasks,
         speed=build,
         speedup=up,
         vs_ship=vs_ship,
-        generation=generated,
-        not_scored=unscored,
+        generation=q.generation,
+        not_scored=q.not_scored,
         flips=answer_flips(card, precision),
     )
+
+
+@dataclass(frozen=True)
+class Quality:
+    """A build's quality against the baseline, as the gate judges it: its task, length and not-scored rules."""
+
+    verdict: Verdict
+    rules: list[Rule]
+    tasks: dict[str, Comparison]
+    generation: dict[str, Generation]
+    not_scored: dict[str, str]
+
+
+def quality(card: ModelCard, precision: str) -> Quality:
+    """The gate's quality rules alone, for a build that has only been evaluated (the mixed-precision search's
+    judge: speed, memory and cost do not depend on which layers a mix keeps)."""
+    tasks: dict[str, Comparison] = task_comparisons(card, precision)
+    generated = generations(card, precision)
+    rules = [task_rule(t, c) for t, c in tasks.items()]
+    rules += [length_rule(card.gate, t, g.length) for t, g in generated.items()]
+    unscored = not_scored(card, precision)
+    # a task left unscored cannot pass: the build cannot ship, whatever its scored tasks say
+    rules += [Rule(t, Verdict.INCONCLUSIVE, f"{t}: not scored ({why})") for t, why in unscored.items()]
+    return Quality(combine([r.verdict for r in rules]), rules, tasks, generated, unscored)
 
 
 def decide(card: ModelCard, shipped: Shipped | None = None, against: dict[str, str] | None = None) -> Decision:

@@ -23,7 +23,7 @@ from pipelines.present import formats
 _GREY = "#555555"
 
 
-def _subplots(*args, **kwargs):
+def subplots(*args, **kwargs):
     """plt.subplots on the Agg backend: figures for files, never a screen."""
     matplotlib.use("Agg")
     return plt.subplots(*args, **kwargs)
@@ -84,7 +84,7 @@ def quality_against(card: ModelCard, decision: Decision, axis: str, how: str):
     """Worst-task recovery (with its paired interval) against weights (`axis` "weights") or the gate's speed
     figure ("speed"): one point per build, the min-recovery line, the shipped build ringed."""
     policy = decision.policy
-    fig, ax = _subplots(figsize=(8.5, 4.8))
+    fig, ax = subplots(figsize=(8.5, 4.8))
     rows = _points(decision)
     xs = {p: (m.weights_gb * 1e3 if axis == "weights" else m.speed) for p, _, m, _ in rows}
     for i, (precision, verdict, m, (rec, lo, hi)) in enumerate(sorted(rows, key=lambda r: xs[r[0]])):
@@ -154,7 +154,7 @@ def cost_against_quality(card: ModelCard, decision: Decision, points: list[tuple
     """Worst-task recovery (with its paired interval) against $ per million output tokens for the card's
     traffic: one point per build and device kind (`points`: precision, device, dollars, measured), measured
     filled and projected hollow, the shipped build's ringed; dollars on a log axis."""
-    fig, ax = _subplots(figsize=(8.5, 4.8))
+    fig, ax = subplots(figsize=(8.5, 4.8))
     verdicts = {p: (v, rec) for p, v, _, rec in _points(decision)}
     for i, (precision, device, usd, was_measured) in enumerate(sorted(points, key=lambda t: t[2])):
         verdict, (rec, lo, hi) = verdicts[precision]
@@ -240,7 +240,7 @@ def _finish(fig, axes, steps: list[int], label: str, title: str, fontsize: int =
 
 def speed_against_batch(card: ModelCard, how: str):
     """Engine bench: decode tokens/s (all users) and TTFT against batch size; emulated builds dashed."""
-    fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = subplots(1, 2, figsize=(10, 4))
     for precision in card.precisions:
         bench: Benched | None = result_of(card.name, precision, Benched)
         if bench is None:
@@ -257,7 +257,7 @@ def speed_against_batch(card: ModelCard, how: str):
 
 def latency_against_users(card: ModelCard, how: str):
     """Server sweep: p95 TTFT and p95 TPOT against concurrent users, with the SLO's lines."""
-    fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = subplots(1, 2, figsize=(10, 4))
     slo = card.speed.main_slo
     for precision in card.precisions:
         served: Served | None = result_of(card.name, precision, Served)
@@ -288,7 +288,7 @@ def shape_speed(card: ModelCard, scenario: str, sweeps: dict[str, ScenarioSweep]
     """One scenario of the shape stage: TPOT p50 against users, and the speed-up over the baseline against
     users, per precision (random weights at the model's shape; `sweeps` the baseline's first; `emulated` the
     precisions whose kernels emulate the format)."""
-    fig, (left, right) = _subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = subplots(1, 2, figsize=(10, 4))
     base = sweeps.get(card.gate.baseline)
     for p, sw in sweeps.items():
         _line(left, p, [(c, m.tpot_ms_p50) for c, m in sw.per_level.items()], p in emulated)
@@ -320,7 +320,7 @@ def memory(card: ModelCard, decision: Decision):
         peak = point.peak_mem_bytes if point and point.peak_mem_bytes else None
         kv = bench.engine.kv_bytes_per_token * b * context
         rows.append((precision, bench.engine.weight_bytes / 1e6, kv / 1e6, peak and peak / 1e6, bench.engine.memory))
-    fig, ax = _subplots(figsize=(9, 0.9 * len(rows) + 2))
+    fig, ax = subplots(figsize=(9, 0.9 * len(rows) + 2))
     parts = (("weights", 1, 1.0), ("KV cache", 2, 0.55), ("measured peak", 3, 0.25))
     height = 0.26
     for name, k, alpha in parts:
@@ -366,7 +366,7 @@ def memory(card: ModelCard, decision: Decision):
 def agreement(card: ModelCard, decision: Decision, task: str):
     """Share of the task's documents whose greedy output still matches the baseline's, token by token, per
     build: a curve that drops early means many outputs depart early, before any score need move."""
-    fig, ax = _subplots(figsize=(8, 4.5))
+    fig, ax = subplots(figsize=(8, 4.5))
     found = [(b.precision, b.generation[task]) for b in decision.builds if task in b.generation]
     steps = range(max([1] + [p + 1 for _, g in found for p in g.departures.positions if p is not None]) + 1)
     for precision, g in found:

@@ -16,11 +16,12 @@ from pathlib import Path
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.store.manifests import result_of
+from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import Benched, Served
 from pipelines.core.store.verdicts import Decision
 from pipelines.core.system.files import atomic_write
 from pipelines.core.system.paths import reports_dir
-from pipelines.present import capacity, charts, formats, shipcard, speed_half
+from pipelines.present import capacity, charts, formats, search_section, shipcard, speed_half
 from pipelines.present.report_tables import (
     documents_section,
     fits_section,
@@ -109,6 +110,7 @@ def markdown(
     lines += generation_section(decision)
     lines += flips_section(decision)
     lines += documents_section(decision)
+    lines += search_section.section(card)
     lines += fits_section(card)
     lines += capacity.section(card, tab)
     lines += ["", "## Reasons", ""]
@@ -165,6 +167,8 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
         figures["memory.png"] = charts.memory(card, decision)
     for task in dict.fromkeys(t for b in decision.builds for t in b.generation):
         figures[f"agreement_{task}.png"] = charts.agreement(card, decision, task)
+    if card.search and (ranked := result_of(card.name, card.search.target, Ranked)):
+        figures["sensitivity.png"] = search_section.figure(ranked)
     if tab := capacity.table(card, decision):  # once: the section, the chart, the MLflow table, the ship card
         how = f"{tab.load}, scenario {tab.scenario}: the capacity and cost table's priced cells"
         if points := _cost_points(tab):

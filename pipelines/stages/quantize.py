@@ -13,34 +13,27 @@ from pathlib import Path
 import quant.build as build_mod
 import quant.verify as verify
 from pipelines.core.card.cards import ModelCard
+from pipelines.core.card.search import fallback_of
+from pipelines.core.framework.registry import require
 from pipelines.core.framework.runner import run_stage
 from pipelines.core.framework.tracker import Tracker
-from pipelines.core.framework.weights import checkpoint_for, offline_env, resolve_weights, weights_identity
+from pipelines.core.framework.weights import (
+    calibration_spec,
+    checkpoint_for,
+    offline_env,
+    resolve_weights,
+    weights_identity,
+)
 from pipelines.core.store.layout import CHECKPOINT_DIR, STAGE_LOG, stage_dir
 from pipelines.core.store.manifests import StageRecord, finished
+from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import Quantized
 from pipelines.core.system.child import run_child
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
-from pipelines.core.system.files import file_digest
 from pipelines.core.system.integrity import file_hashes
-from pipelines.core.system.paths import resolve_repo_path
-from quant.calibration import CalibrationSpec
 from quant.execution import compute_dtype
 from quant.precisions import get_precision
-
-
-def calibration_spec(card: ModelCard, num_samples: int | None) -> tuple[CalibrationSpec | None, str | None]:
-    """The calibration spec for the child (a local file made absolute) and what identifies its data."""
-    c = card.calibration
-    if c is None:
-        return None, None
-    dataset, identity = c.dataset, f"{c.dataset}:{c.split}"
-    if c.dataset.endswith(".jsonl"):
-        path = resolve_repo_path(c.dataset)
-        dataset, identity = str(path), file_digest([path]) if path.is_file() else "missing"
-    spec = CalibrationSpec(dataset, c.split, c.text_field, num_samples or c.num_samples, c.max_seq_length)
-    return spec, identity
 
 
 def quantize(
@@ -58,6 +51,7 @@ def quantize(
         return run_stage(tracker, precision, Quantized, inputs, lambda out: _baseline(card, base, scheme), force=force)
     spec, calib_id = calibration_spec(card, num_samples) if p.needs_calibration else (None, None)
     dtype = compute_dtype(compute_device().device)
+    at, kept = _mixed_layers(card, precision) if p.mix else ([], [])
     cfg = build_mod.QuantizeConfig(
         base=base,
         precision=precision,
@@ -65,11 +59,22 @@ def quantize(
         ignore=card.quantization.ignore,
         calibration=spec,
         trust_remote_code=card.source.trust_remote_code,
+        target_modules=at,
+        fallback_modules=kept,
         dtype=dtype,
     )
+    layers = {}
+    if p.mix:
+        fallback = get_precision(p.mix.fallback).checkpoint_format or "dense"
+        layers = {m: get_precision(p.mix.target).checkpoint_format for m in at} | {m: fallback for m in kept}
     # the checkpoint is filled in once it is built (checkpoint and base are paths, not settings)
     check = verify.VerifyConfig(
-        base=base, checkpoint="", precision=precision, trust_remote_code=cfg.trust_remote_code, dtype=dtype
+        base=base,
+        checkpoint="",
+        precision=precision,
+        trust_remote_code=cfg.trust_remote_code,
+        dtype=dtype,
+        layer_formats=layers,
     )
     inputs = {
         "base": weights_identity(card, base),
@@ -80,6 +85,21 @@ def quantize(
     return run_stage(
         tracker, precision, Quantized, inputs, lambda out: _build(card, cfg, check, scheme, out), force=force
     )
+
+
+def _mixed_layers(card: ModelCard, precision: str) -> tuple[list[str], list[str]]:
+    """A mixed build's layers at its target and at its fallback, from its target's sensitivity ranking."""
+    mix = get_precision(precision).mix
+    if fallback_of(card, mix.target) != mix.fallback:
+        raise QevalError(
+            f"{card.name}@{precision}: the card keeps {mix.target}'s sensitive layers at "
+            f"{fallback_of(card, mix.target)} (search.fallback), not {mix.fallback}"
+        )
+    ranked = require(card, mix.target, Ranked, f"{card.name}@{precision}")
+    try:
+        return ranked.modules(mix.kept)
+    except ValueError as e:
+        raise QevalError(f"{card.name}@{precision}: {e}") from None
 
 
 def _shared(

@@ -15,6 +15,7 @@ from typing import Any
 
 from eval.stats import Verdict
 from pipelines.core.store.manifests import CodeVersion
+from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from pipelines.present import formats
@@ -56,6 +57,8 @@ from pipelines.tracking.tables import (
     QUANTIZE_METRICS,
     QUANTIZE_PARAMS,
     QUANTIZE_SETTINGS,
+    SENSITIVITY_METRICS,
+    SENSITIVITY_PARAMS,
     SERVE_METRICS,
     SERVE_PARAMS,
     SERVE_SERIES,
@@ -174,7 +177,17 @@ def _sized(result: Sized) -> Logged:
     return Logged(metrics, params=_params(SIZE_PARAMS, result))
 
 
+def _ranked(result: Ranked) -> Logged:
+    series = {
+        "sensitivity/kl_by_rank": [(i, g.kl) for i, g in enumerate(result.ranked)],
+        "search/predicted_kl": [(c.kept, c.predicted_kl) for c in result.frontier],
+        "search/projected_weights_gb": [(c.kept, c.weight_bytes / 1e9) for c in result.frontier],
+    }
+    return Logged(_numbers(SENSITIVITY_METRICS, result), series, _params(SENSITIVITY_PARAMS, result))
+
+
 MAPPINGS: dict[type[StageResult], Callable[[Any], Logged]] = {
+    Ranked: _ranked,
     Quantized: _quantized,
     Evaluated: _evaluated,
     Benched: _benched,

@@ -153,6 +153,21 @@ GATE_FLIPS: dict[str, Getter] = {  # GATE_TASK + name, per multiple-choice task,
     "flip_rate_upper": lambda f: f.rate[2],
 }
 
+SENSITIVITY_METRICS: dict[str, Getter] = {  # of a Ranked (the search's ranking, on its target's run)
+    "sensitivity/top_half_kl": lambda r: r.top_half_kl,
+    "sensitivity/bottom_half_kl": lambda r: r.bottom_half_kl,
+    "sensitivity/tokens": lambda r: r.tokens,
+}
+SENSITIVITY_SERIES = {  # name -> step: the rank of a group (0: the most sensitive), or the groups a mix keeps
+    "sensitivity/kl_by_rank": "rank",
+    "search/predicted_kl": "kept",
+    "search/projected_weights_gb": "kept",
+}
+SENSITIVITY_PARAMS: dict[str, Getter] = {
+    "sensitivity.fallback": lambda r: r.fallback,
+    "sensitivity.ranking": lambda r: [g.group for g in r.ranked][:40],
+}
+
 # Params: every setting that changes a result. Each table maps a field of the stage's config to its
 # param; NOT_SETTINGS names the fields that are not settings (tests/test_tracking.py checks coverage).
 QUANTIZE_SETTINGS = {
@@ -228,7 +243,12 @@ LOAD_SETTINGS = {
 SHAPE_LOAD_SETTINGS = {k: v.replace("server.", "shape.{scenario}.", 1) for k, v in LOAD_SETTINGS.items()}
 SHAPE_VLLM_SETTINGS = {k: v.replace("server.", "shape.", 1) for k, v in VLLM_SETTINGS.items()}
 NOT_SETTINGS = {  # config type name -> its fields that are not settings, and why
-    "QuantizeConfig": {"base": "a path; its digest is in the cache key", "precision": "the run's tag"},
+    "QuantizeConfig": {
+        "base": "a path; its digest is in the cache key",
+        "precision": "the run's tag",
+        "target_modules": "a mix's layers, in its manifest (quant.fallback_layers counts those kept)",
+        "fallback_modules": "quant.fallback_layers",
+    },
     "VerifyConfig": {
         "base": "a path",
         "checkpoint": "a path",
@@ -236,6 +256,7 @@ NOT_SETTINGS = {  # config type name -> its fields that are not settings, and wh
         "trust_remote_code": "quant.trust_remote_code",
         "dtype": "quant.dtype",
         "device": "where both models ran: the stage's environment (the GPU's name, or the CPU) says",
+        "layer_formats": "a mix's layers, as the quantize stage names them (quant.fallback_layers)",
     },
     "AccuracyConfig": {
         "checkpoint": "a path",
@@ -251,6 +272,7 @@ QUANTIZE_PARAMS: dict[str, Getter] = {  # derived from the result; override a se
     "quant.scheme": lambda q: q.scheme,
     "quant.base": lambda q: q.source,
     "quant.shares": lambda q: q.shares,  # a KV-cache variant: the build whose checkpoint it serves
+    "quant.fallback_layers": lambda q: q.config and q.config.fallback_modules and len(q.config.fallback_modules),
     "quant.format": lambda q: q.proof and q.proof.format,
     "quant.weight_bits": lambda q: q.proof and q.proof.weight_bits,
     "quant.group_size": lambda q: q.config and (q.config.group_size if _grouped(q) else "per-channel"),
@@ -325,6 +347,7 @@ NAMES: dict[str, list[str]] = {
         *SERVE_METRICS,
         *SHAPE_METRICS,
         *SIZE_METRICS,
+        *SENSITIVITY_METRICS,
         *GATE_METRICS,
         *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SCENARIO_METRICS),
         *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC, SERVED_METRIC)),
@@ -333,7 +356,12 @@ NAMES: dict[str, list[str]] = {
         *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
         *(_templated(GATE_TASK + n) for n in (*GATE_GENERATION, *GATE_FLIPS)),
     ],
-    "series": [*BENCH_SERIES, *SERVE_SERIES, *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SERIES)],
+    "series": [
+        *BENCH_SERIES,
+        *SERVE_SERIES,
+        *SENSITIVITY_SERIES,
+        *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SERIES),
+    ],
     "params": sorted(
         {
             *QUANTIZE_SETTINGS.values(),
@@ -350,6 +378,7 @@ NAMES: dict[str, list[str]] = {
             *map(_templated, [*SHAPE_SCENARIO_PARAMS, *SHAPE_LOAD_SETTINGS.values()]),
             *SHAPE_VLLM_SETTINGS.values(),
             *SIZE_PARAMS,
+            *SENSITIVITY_PARAMS,
             _templated(GATE_PARAM),
             PARAM_PRECISION,
         }

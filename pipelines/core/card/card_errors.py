@@ -1,8 +1,10 @@
 """A card's validation error as the one line qeval prints: the key, what is expected, and the wrong value
-described rather than echoed (pipelines/core/card/cards.py's parse_card)."""
+described rather than echoed (pipelines/core/card/cards.py's parse_card), and the YAML loader that refuses a
+key given twice."""
 
 from __future__ import annotations
 
+import yaml
 from pydantic import BaseModel
 
 from quant.lookup import suggest
@@ -42,3 +44,16 @@ def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
             return []
         model = inner[0]
     return list(model.model_fields)
+
+
+class UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key '{key}' is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)

@@ -15,8 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eval.gpus import get_gpu
-from pipelines.core.card.card_errors import describe
+from pipelines.core.card.card_errors import UniqueKeys, describe
 from pipelines.core.card.gating import Gate
+from pipelines.core.card.search import Search, search_problem
 from pipelines.core.card.traffic import CPU, Traffic
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.paths import cards_dir
@@ -240,6 +241,7 @@ class ModelCard(_Strict):
     target_gpus: list[str] = Field([], description="GPUs to size the builds for")
     gate: Gate = Gate()
     traffic: Traffic | None = Field(None, description="the load and prices the capacity and cost tables are for")
+    search: Search | None = Field(None, description="the mixed-precision search (null: none)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelCard:
@@ -285,6 +287,8 @@ class ModelCard(_Strict):
             raise ValueError(
                 f"gate.speed_batch {self.gate.speed_batch} is not among speed.batch_sizes {self.speed.batch_sizes}"
             )
+        if self.search is not None and (problem := search_problem(self, self.search)):
+            raise ValueError(f"search: {problem}")
         return self
 
     @property
@@ -352,23 +356,10 @@ class ModelCard(_Strict):
             )
 
 
-class _UniqueKeys(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key '{key}' is given twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def parse_card(path: Path) -> ModelCard:
     """Read and validate one card file; QevalError with one line on any problem."""
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeys)  # a SafeLoader
+        data = yaml.load(path.read_text(), Loader=UniqueKeys)  # a SafeLoader
     except RecursionError:
         raise QevalError(f"{path}: nested too deeply to be a model card") from None
     except OSError as e:

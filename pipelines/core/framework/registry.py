@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from pipelines.core.store.manifests import finished
+from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
 from pipelines.core.system.errors import QevalError
 from quant.lookup import lookup
@@ -71,6 +72,14 @@ class StageSpec:
 STAGES: dict[str, StageSpec] = {
     s.name: s
     for s in (
+        # a precision's layer groups ranked for the mixed-precision search, which runs it (not a build's own run)
+        StageSpec(
+            name="sensitivity",
+            result=Ranked,
+            needs_baseline=False,
+            judged=False,
+            full_run=False,
+        ),
         StageSpec(
             name="quantize",
             result=Quantized,

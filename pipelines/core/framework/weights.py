@@ -1,5 +1,6 @@
 """A build's weights: the base model's (a local folder, or the hub's cache, safetensors only), or a
-quantized build's checkpoint; what identifies them in cache keys; and the files a card names.
+quantized build's checkpoint; what identifies them in cache keys; and the files a card names (its calibration
+text among them).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pipelines.core.system.files import file_digest
 from pipelines.core.system.integrity import Tampered, check_safetensors
 from pipelines.core.system.net import Unreachable, probe
 from pipelines.core.system.paths import resolve_repo_path
+from quant.calibration import CalibrationSpec
 from quant.precisions import get_precision
 
 log = logging.getLogger(__name__)
@@ -234,3 +236,16 @@ def checkpoint_for(card: ModelCard, precision: str) -> tuple[str, str]:
             f"qeval quantize --model {card.name} --precision {precision} --force"
         )
     return str(folder), built.inputs_digest
+
+
+def calibration_spec(card: ModelCard, num_samples: int | None) -> tuple[CalibrationSpec | None, str | None]:
+    """The calibration spec for the child (a local file made absolute) and what identifies its data."""
+    c = card.calibration
+    if c is None:
+        return None, None
+    dataset, identity = c.dataset, f"{c.dataset}:{c.split}"
+    if c.dataset.endswith(".jsonl"):
+        path = resolve_repo_path(c.dataset)
+        dataset, identity = str(path), file_digest([path]) if path.is_file() else "missing"
+    spec = CalibrationSpec(dataset, c.split, c.text_field, num_samples or c.num_samples, c.max_seq_length)
+    return spec, identity

@@ -103,8 +103,13 @@ class BuildVerdict(Record):
         passing one, and among equals the one that used the most of the loss its threshold allows. Not simply
         the lowest recovery: a task held to a lower threshold of its own (`gate.task_min_recovery`) can
         recover less and still pass while another decides the verdict."""
-        task = min(self.tasks, key=lambda t: (_SEVERITY.get(self.tasks[t].verdict, 3), _room_left(self.tasks[t])))
-        return task, self.tasks[task]
+        return worst_of(self.tasks)
+
+
+def worst_of(tasks: dict[str, Comparison]) -> tuple[str, Comparison]:
+    """The deciding task of a build's comparisons (BuildVerdict.worst_task)."""
+    task = min(tasks, key=lambda t: (_SEVERITY.get(tasks[t].verdict, 3), _room_left(tasks[t])))
+    return task, tasks[task]
 
 
 _SEVERITY = {Verdict.FAIL: 0, Verdict.INCONCLUSIVE: 1, Verdict.PASS: 2}

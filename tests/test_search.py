@@ -1,0 +1,205 @@
+"""The mixed-precision search (pipelines/search.py): mixed builds' names and recipes, the card's `search:`
+section, the bisection against a constructed monotone judge, the first guess on a frontier by hand, a mixed
+checkpoint's declared format checked, how vLLM's kernels for it ran (unit); a mixed config with two schemes
+loaded by vLLM with dummy weights (slow)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import REPO
+
+from eval.stats import Verdict
+from pipelines.core.card.cards import load_card
+from pipelines.core.store.ranked import Candidate, Ranked, RankedGroup
+from pipelines.core.system.errors import QevalError
+from pipelines.search import bisect, first_guess
+from quant.execution import CPU, Execution, execution
+from quant.precisions import get_precision, mix_name
+from quant.verify import check_quantization_config
+
+REF_CARD = (REPO / "pipelines/models/ref-lm.yaml").read_text()
+
+
+def test_a_mixed_builds_name_says_its_make_up():
+    p = get_precision("gptq+3xint8")
+    assert mix_name("gptq", 3, "int8") == "gptq+3xint8" and p.name == "gptq+3xint8"
+    assert (p.mix.target, p.mix.kept, p.mix.fallback) == ("gptq", 3, "int8")
+    assert p.checkpoint_format == "mixed-precision" and p.weight_bits == 4 and p.needs_calibration
+    assert p.native_from is None and p.weight_only_from == (8, 0)  # Marlin's 4-bit, INT8's from 7.5: both need 8.0
+    assert "3 most sensitive layer groups at int8" in p.describe(128)
+    assert get_precision("gptq+2xbf16").checkpoint_format == "pack-quantized"  # kept layers unquantized: one format
+    assert get_precision("fp8+1xbf16").checkpoint_format == "float-quantized"
+    for bad, says in (("awq+2xint8", "not 'awq'"), ("int8+2xgptq", "wider format"), ("gptq+2xfp4", "fp4")):
+        with pytest.raises(ValueError, match=says):
+            get_precision(bad)
+
+
+def test_a_mixed_recipe_gives_each_layer_its_own_scheme_by_name():
+    from quant.precisions import build_recipe
+    from quant.recipes import RecipeOptions, import_quietly
+
+    import_quietly()
+    at, kept = ("model.layers.0.mlp.down_proj",), ("model.layers.1.mlp.down_proj",)
+    (gptq,) = build_recipe("gptq+1xint8", RecipeOptions(128, ["lm_head"], at, kept))
+    schemes = {tuple(g.targets): g for g in gptq.config_groups.values()}
+    assert schemes[at].weights.num_bits == 4 and schemes[at].input_activations is None
+    assert schemes[kept].weights.num_bits == 8 and schemes[kept].input_activations.dynamic is True
+    (unquantized,) = build_recipe("gptq+1xbf16", RecipeOptions(128, ["lm_head"], at, kept))
+    assert len(unquantized.config_groups) == 1 and unquantized.ignore == ["lm_head", *kept]
+    with pytest.raises(ValueError, match="names no layers"):
+        build_recipe("gptq+1xint8", RecipeOptions(128, ["lm_head"]))
+
+
+def test_a_mixed_checkpoint_declares_both_bit_widths():
+    groups = {"a": {"weights": {"num_bits": 4}}, "b": {"weights": {"num_bits": 8}}}
+    config = {"quantization_config": {"quant_method": "compressed-tensors", "format": "mixed-precision"}}
+    config["quantization_config"]["config_groups"] = groups
+    assert check_quantization_config(config, "gptq+2xint8") == ("mixed-precision", 4)
+    del groups["b"]
+    with pytest.raises(ValueError, match=r"expected mixed-precision with \[4, 8\]-bit weights"):
+        check_quantization_config(config, "gptq+2xint8")
+
+
+def test_each_kernel_of_a_mix_on_a_cpu_runs_its_own_format():
+    assert execution("gptq+2xint8", CPU, "CPUWNA16LinearKernel") == Execution.WEIGHT_ONLY
+    assert execution("gptq+2xint8", CPU, "CPUInt8ScaledMMLinearKernel") == Execution.NATIVE
+    assert execution("gptq", CPU, "CPUWNA16LinearKernel") == Execution.WEIGHT_ONLY
+
+
+def _card(cards, search: str) -> str:
+    cards("bad", REF_CARD.replace("name: ref-lm", "name: bad").replace(REF_SEARCH, search))
+    with pytest.raises(QevalError) as e:
+        load_card("bad")
+    assert "\n" not in str(e.value) and "bad.yaml" in str(e.value)
+    return str(e.value)
+
+
+REF_SEARCH = "search:\n  target: gptq\n  fallback: int8\n"
+
+
+def test_the_cards_search_section_is_checked(cards):
+    assert load_card("ref-lm").search.target == "gptq"
+    assert "target 'awq+1xint8' is not among" in _card(cards, "search:\n  target: awq+1xint8\n  fallback: int8\n")
+    assert "target 'bf16' is not among" in _card(cards, "search:\n  target: bf16\n  fallback: int8\n")
+    assert "not 'awq'" in _card(cards, "search:\n  target: awq\n  fallback: int8\n")
+    assert "wider format than int8's, not gptq" in _card(cards, "search:\n  target: int8\n  fallback: gptq\n")
+    assert "fallback 'fp16' is not among" in _card(cards, "search:\n  target: gptq\n  fallback: fp16\n")
+    assert "max_evaluations" in _card(cards, REF_SEARCH + "  max_evaluations: 0\n")
+    assert "max_effective_bits" in _card(cards, REF_SEARCH + "  max_effective_bits: 17\n")
+    assert "budget" in _card(cards, REF_SEARCH + "  budget: 3\n")  # an unknown key, named
+
+
+def _monotone(threshold: int, calls: list[int]):
+    def judge(k: int) -> Verdict:
+        calls.append(k)
+        return Verdict.PASS if k >= threshold else Verdict.FAIL
+
+    return judge
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 23])
+def test_the_bisection_finds_the_fewest_groups_a_monotone_judge_passes(n):
+    bound = 1 + math.ceil(math.log2(n))  # the first guess, then halving what is left
+    for threshold in range(1, n + 2):  # n + 1: no mix in [1, n] passes
+        for first in range(1, n + 1):
+            calls: list[int] = []
+            best, why = bisect(first, 1, n, _monotone(threshold, calls), budget=99)
+            assert best == (threshold if threshold <= n else None), (n, threshold, first)
+            assert calls[0] == first and len(calls) <= bound and len(set(calls)) == len(calls)
+            assert why == ("bisection done" if best else "every mix within the budget fails")
+
+
+def test_the_bisection_stops_at_its_budget_and_at_a_verdict_the_tasks_cannot_decide():
+    calls: list[int] = []
+    best, why = bisect(20, 1, 23, _monotone(3, calls), budget=2)
+    assert calls == [20, 10] and best == 10 and why == "the 2 evaluations the card allows spent"
+    undecided = bisect(12, 1, 23, lambda k: Verdict.INCONCLUSIVE if k < 15 else Verdict.PASS, budget=5)
+    assert undecided == (None, "the tasks cannot decide a mix keeping 12 groups (INCONCLUSIVE)")
+
+
+def _ranked(kls: list[float]) -> Ranked:
+    groups = [RankedGroup(group=f"g{i}", modules=[f"m{i}"], parameters=10, kl=0.1) for i in range(len(kls) - 1)]
+    frontier = [
+        Candidate(kept=k, precision=f"p{k}", weight_bytes=k, effective_bits=4, predicted_kl=v)
+        for k, v in enumerate(kls)
+    ]
+    return Ranked(
+        precision="gptq",
+        fallback="int8",
+        scheme="",
+        tokens=1,
+        ranked=groups,
+        top_half_kl=1,
+        bottom_half_kl=0,
+        frontier=frontier,
+    )
+
+
+def test_the_first_mix_tried_closes_most_of_the_predicted_gap():
+    # uniform target 1.0, uniform fallback 0.0: the bar is 0.1, first met keeping 3 groups
+    r = _ranked([1.0, 0.5, 0.2, 0.09, 0.05, 0.0])
+    assert first_guess(r, [1, 2, 3, 4]) == 3
+    assert first_guess(r, [1, 2]) == 2  # the budget stops short of the bar: the most it allows
+    assert first_guess(r, [4]) == 4
+    assert r.modules(2) == (["m2", "m3", "m4"], ["m0", "m1"])
+    with pytest.raises(ValueError, match="keeps 1 to 4 of 5 groups"):
+        r.modules(5)
+
+
+@pytest.mark.slow
+def test_a_mixed_config_with_two_schemes_loads_on_vllm_with_dummy_weights(tmp_path):
+    """ref-lm's shape with layer 0's q/k/v (one fused matrix in vLLM) and down projection at INT8 W8A8, every
+    other linear layer at GPTQ's 4 bits: vLLM builds both, each with its own kernel."""
+    import json
+
+    import httpx
+
+    from pipelines.core.store.results import VllmSettings
+    from pipelines.core.system.procs import running
+    from pipelines.stages import engines
+    from quant.recipes import RecipeOptions
+    from quant.shape_build import write_shape_build
+
+    vllm = engines.find_vllm()
+    if vllm is None:
+        pytest.skip("no vLLM here (make engine)")
+    kept = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"] + ["model.layers.0.mlp.down_proj"]
+    every = [
+        f"model.layers.{i}.{m}"
+        for i in range(6)
+        for m in (*(f"self_attn.{p}_proj" for p in "qkvo"), *(f"mlp.{p}_proj" for p in ("gate", "up", "down")))
+    ]
+    opts = RecipeOptions(128, ["lm_head"], tuple(m for m in every if m not in kept), tuple(kept))
+    build = write_shape_build(REPO / "refmodel/ref-lm/config.json", "gptq+2xint8", opts, tmp_path / "build")
+    q = json.loads((build / "config.json").read_text())["quantization_config"]
+    assert q["format"] == "mixed-precision"
+    assert {g["format"]: len(g["targets"]) for g in q["config_groups"].values()} == {
+        "pack-quantized": 38,
+        "int-quantized": 4,
+    }
+    settings = VllmSettings(
+        device="cpu",
+        max_model_len=256,
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        kv_cache_dtype="auto",
+        enforce_eager=True,
+        cpu_kv_cache_gb=1,
+        random_weights=True,
+    )
+    cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
+    log_file = tmp_path / "server.log"
+    with running(cmd, log_file, 300, "vLLM for a mixed build", env) as base:
+        reply = httpx.post(
+            f"{base}/v1/completions",
+            json={"model": str(build), "prompt": [1, 2, 3, 4], "max_tokens": 4, "ignore_eos": True},
+            timeout=120,
+        )
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+    kernels = engines.kernels_from_log(log_file.read_text(errors="replace"), "gptq+2xint8", CPU)
+    how = {k.kernel: k.execution for k in kernels}
+    assert len(how) == 2, kernels
+    assert sorted(how.values()) == [Execution.NATIVE, Execution.WEIGHT_ONLY], kernels
+    assert engines.served_execution("gptq+2xint8", CPU, kernels) == Execution.MIXED
