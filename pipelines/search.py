@@ -6,7 +6,8 @@ The card's `search:` names a target precision (most layers) and a fallback (the 
    bytes (the sensitivity stage, pipelines/stages/sensitivity.py).
 2. The uniform builds at the frontier's ends are judged first, by the gate's quality rules (their paired task
    verdicts, output lengths, unscored tasks; pipelines/decision/gate.py `quality`). Where the target passes,
-   no layer needs keeping; where the fallback fails, no mix of it can pass: nothing is built.
+   no layer needs keeping; where the fallback fails, no mix of it can pass: nothing is built. Only mixes
+   smaller than the smallest uniform build that passes, and within the card's budget, are tried.
 3. The first mix built is the one predicted to pass at the fewest bytes: the fewest groups kept whose predicted
    divergence closes GAP_CLOSED of the gap between the uniform target's and the uniform fallback's. Then
    bisection on k, the gate's verdict the judge (a mix that passes bounds k from above, one that fails from
@@ -24,9 +25,10 @@ from collections.abc import Callable
 
 from eval.stats import Verdict
 from pipelines.core.card.cards import ModelCard
+from pipelines.core.card.search import Search
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.store.manifests import result_of
-from pipelines.core.store.ranked import Ranked
+from pipelines.core.store.ranked import Candidate, Ranked
 from pipelines.core.store.results import Evaluated, Quantized
 from pipelines.core.store.searches import Searched, Tried, write_search
 from pipelines.core.store.verdicts import worst_of
@@ -88,17 +90,10 @@ def search(card: ModelCard, tracker: Tracker, *, force: bool = False) -> Searche
         for p in card.precisions
         if _is_uniform_build(card, p)
     ]
-    verdicts = {t.precision: t.verdict for t in uniform} | {card.gate.baseline: Verdict.PASS}
-    allowed = [c.kept for c in frontier[1:-1] if _within(card, c.weight_bytes, c.effective_bits)]
+    allowed, why = candidates(s, frontier, uniform, card.gate.baseline)
     tried: list[Tried] = []
     first = None
-    if verdicts[s.target] == Verdict.PASS:
-        why = f"{s.target} passes as it is: no layer needs keeping at {s.fallback}"
-    elif verdicts[s.fallback] == Verdict.FAIL:
-        why = f"{s.fallback} itself fails: no mix of it with {s.target} can pass"
-    elif not allowed:
-        why = "no mix is within the card's budget (search.max_weight_gb, search.max_effective_bits)"
-    else:
+    if allowed:
         first = first_guess(ranked, allowed)
 
         def judge(k: int) -> Verdict:
@@ -137,6 +132,27 @@ def search(card: ModelCard, tracker: Tracker, *, force: bool = False) -> Searche
     return found
 
 
+def candidates(s: Search, frontier: list[Candidate], uniform: list[Tried], baseline: str) -> tuple[list[int], str]:
+    """The groups kept of the mixes worth building (within the card's budget, and fewer bytes than the smallest
+    uniform build that passes), and why none is where none is."""
+    verdicts = {t.precision: t.verdict for t in uniform} | {baseline: Verdict.PASS}
+    if verdicts.get(s.target) == Verdict.PASS:
+        return [], f"{s.target} passes as it is: no layer needs keeping at {s.fallback}"
+    if verdicts.get(s.fallback) == Verdict.FAIL:
+        return [], f"{s.fallback} itself fails: no mix of it with {s.target} can pass"
+    within = [c for c in frontier[1:-1] if _within(s, c.weight_bytes, c.effective_bits)]
+    smallest = min((t for t in uniform if t.verdict == Verdict.PASS), key=lambda t: t.weight_bytes, default=None)
+    allowed = [c.kept for c in within if smallest is None or c.weight_bytes < smallest.weight_bytes]
+    if not within:
+        return [], "no mix is within the card's budget (search.max_weight_gb, search.max_effective_bits)"
+    if not allowed:
+        return [], (
+            f"{smallest.precision} passes with {smallest.weight_bytes / 1e6:.2f} MB of weights, fewer than any mix of "
+            f"{s.target} with {s.fallback} would take"
+        )
+    return allowed, ""
+
+
 def first_guess(ranked: Ranked, allowed: list[int]) -> int:
     """The fewest groups kept, among `allowed`, whose predicted divergence closes GAP_CLOSED of the gap between
     the uniform target's (none kept) and the uniform fallback's (all kept); the most allowed where none does."""
@@ -150,8 +166,7 @@ def _is_uniform_build(card: ModelCard, precision: str) -> bool:
     return precision != card.gate.baseline and not p.mix and result_of(card.name, precision, Evaluated) is not None
 
 
-def _within(card: ModelCard, weight_bytes: float, bits: float) -> bool:
-    s = card.search
+def _within(s: Search, weight_bytes: float, bits: float) -> bool:
     return (s.max_weight_gb is None or weight_bytes <= s.max_weight_gb * 1e9) and (
         s.max_effective_bits is None or bits <= s.max_effective_bits
     )

@@ -12,9 +12,11 @@ from helpers import REPO
 
 from eval.stats import Verdict
 from pipelines.core.card.cards import load_card
+from pipelines.core.card.search import Search
 from pipelines.core.store.ranked import Candidate, Ranked, RankedGroup
+from pipelines.core.store.searches import Tried
 from pipelines.core.system.errors import QevalError
-from pipelines.search import bisect, first_guess
+from pipelines.search import bisect, candidates, first_guess
 from quant.execution import CPU, Execution, execution
 from quant.precisions import get_precision, mix_name
 from quant.verify import check_quantization_config
@@ -203,3 +205,39 @@ def test_a_mixed_config_with_two_schemes_loads_on_vllm_with_dummy_weights(tmp_pa
     assert len(how) == 2, kernels
     assert sorted(how.values()) == [Execution.NATIVE, Execution.WEIGHT_ONLY], kernels
     assert engines.served_execution("gptq+2xint8", CPU, kernels) == Execution.MIXED
+
+
+def _uniform(precision: str, verdict: Verdict, mb: float) -> Tried:
+    return Tried(precision=precision, kept=-1, weight_bytes=mb * 1e6, predicted_kl=None, verdict=verdict)
+
+
+def test_mixes_are_tried_only_where_they_could_be_the_cheapest_build_that_passes():
+    # five groups; the mix keeping k takes 6 + k/2 MB and 4 + k/2 bits per weight (int8 at k = 5)
+    frontier = _ranked([1.0, 0.5, 0.2, 0.1, 0.05, 0.0]).frontier
+    frontier = [
+        c.model_copy(update={"weight_bytes": (6 + c.kept / 2) * 1e6, "effective_bits": 4 + c.kept / 2})
+        for c in frontier
+    ]
+    s = Search(target="gptq", fallback="int8")
+    undecided = [_uniform("gptq", Verdict.INCONCLUSIVE, 6), _uniform("int8", Verdict.INCONCLUSIVE, 8.5)]
+    assert candidates(s, frontier, undecided, "bf16") == ([1, 2, 3, 4], "")
+    fp8 = _uniform("fp8", Verdict.PASS, 7.2)  # a uniform build that passes bounds the mixes' bytes
+    assert candidates(s, frontier, [*undecided, fp8], "bf16") == ([1, 2], "")
+    small = _uniform("awq", Verdict.PASS, 6.2)
+    allowed, why = candidates(s, frontier, [*undecided, small], "bf16")
+    assert (
+        allowed == [] and why == "awq passes with 6.20 MB of weights, fewer than any mix of gptq with int8 would take"
+    )
+    assert candidates(s, frontier, [_uniform("gptq", Verdict.PASS, 6), undecided[1]], "bf16")[1].startswith(
+        "gptq passes as it is"
+    )
+    assert (
+        "int8 itself fails" in candidates(s, frontier, [undecided[0], _uniform("int8", Verdict.FAIL, 8.5)], "bf16")[1]
+    )
+    budget = Search(target="gptq", fallback="int8", max_effective_bits=5.0, max_weight_gb=0.0069)
+    assert candidates(budget, frontier, undecided, "bf16") == ([1], "")  # 6.5 MB and 4.5 bits; 7 MB is over
+    assert (
+        "within the card's budget"
+        in candidates(Search(target="gptq", fallback="int8", max_effective_bits=4.2), frontier, undecided, "bf16")[1]
+    )
+    assert candidates(Search(target="gptq", fallback="bf16"), frontier, undecided[:1], "bf16") == ([1, 2, 3, 4], "")
