@@ -15,6 +15,9 @@ from mlflow.tracking import MlflowClient
 from conftest import SERVED
 from eval.serving import read_csv
 from pipelines.core.card.cards import load_card
+from pipelines.core.store.searches import with_carried
+from pipelines.core.store.verdicts import Decision
+from pipelines.present.shipcard import ship_card
 from pipelines.stages.engines import kv_cannot_serve, vllm_cannot_run
 from pipelines.tracking.store import tracking_uri
 from quant.execution import CPU
@@ -103,7 +106,9 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
     assert isinstance(size["weights_bytes"], float) and {f["gpu"] for f in size["fits"]} == {"h100-sxm", "l4"}
 
 
-def test_the_search_ranks_the_layers_builds_one_mix_proves_it_and_serves_it_with_both_kernels(pipeline_run):
+def test_the_search_ranks_the_layers_builds_one_mix_proves_it_and_serves_it_with_both_kernels(
+    pipeline_run, pipeline_root
+):
     found = pipeline_run.doc["search"]
     mix = found["carried"]
     assert (found["target"], found["fallback"], found["groups"]) == ("gptq", "int8", 24)  # 6 layers, 4 groups each
@@ -137,6 +142,14 @@ def test_the_search_ranks_the_layers_builds_one_mix_proves_it_and_serves_it_with
     assert f"| {found['first']} | {mix} | " in section and "| 0 | gptq | " in section and "| 24 | int8 | " in section
     ranked = pipeline_run.root / "artifacts/ref-small/gptq/sensitivity"
     assert (ranked / "sensitivity.png").stat().st_size > 1000 and (ranked / "sensitivity.json").is_file()
+    # were it to ship, its ship card lists its layers at each precision and the groups kept, most sensitive first
+    card = with_carried(load_card("ref-small"))
+    assert mix in card.precisions  # what `qeval gate` and `qeval report` read again
+    shipped = Decision.model_validate(pipeline_run.doc["gate"]).model_copy(update={"chosen": mix})
+    layers = ship_card(card, shipped).split("## Layers at each precision")[1].split("##")[0]
+    kept = found["first"]
+    assert f"- {len(q['config']['target_modules'])} linear layers at gptq" in layers
+    assert f"Kept at int8: the {kept} of 24 layer groups" in layers and layers.count("nats per token alone") == kept
 
 
 def test_the_kv_cache_variant_shares_int8s_weights_with_half_the_kv_cache(pipeline_run):

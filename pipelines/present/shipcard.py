@@ -2,7 +2,8 @@
 quantized-model cards: what it is (base, scheme, calibration, proof against the baseline), its accuracy
 recovery per task with paired intervals, its speed per concurrency as measured (device, engine, kernels,
 native or emulated, the real checkpoint or random weights), memory, the capacity and cost of the card's
-traffic, library versions, and the command that serves it. The gate makes it the registered version's
+traffic, library versions, and the command that serves it; for a mixed build, which layers are at which
+precision and why. The gate makes it the registered version's
 description and an artifact beside the checkpoint; `qeval card` prints it, `qeval pull` writes it as
 README.md next to the weights.
 """
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import finished, result_of
+from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import AtShape, Quantized, Served
 from pipelines.core.store.verdicts import BuildVerdict, Decision
 from pipelines.present import capacity, formats
 from pipelines.present.report_tables import STOP_TEXT
-from quant.precisions import kv_cache_dtype
+from quant.precisions import get_precision, kv_cache_dtype
 
 
 def _what(card: ModelCard, precision: str) -> list[str]:
@@ -45,6 +47,27 @@ def _what(card: ModelCard, precision: str) -> list[str]:
         )
     lines.append("- Library versions: " + ", ".join(f"{k} {v}" for k, v in sorted(done.versions.items())))
     return lines
+
+
+def _layers(card: ModelCard, precision: str) -> list[str]:
+    """A mixed build's layers at each precision, and why those were kept wider (the search's ranking)."""
+    mix = get_precision(precision).mix
+    built = result_of(card.name, precision, Quantized)
+    ranked = result_of(card.name, mix.target, Ranked) if mix else None
+    if mix is None or built is None or built.config is None or ranked is None:
+        return []
+    kept = ranked.ranked[: mix.kept]
+    return [
+        "",
+        "## Layers at each precision",
+        "",
+        f"- {len(built.config.target_modules)} linear layers at {mix.target}, {len(built.config.fallback_modules)} at "
+        f"{mix.fallback} ({', '.join(card.quantization.ignore)} left at 16 bits, as in every build)",
+        f"- Kept at {mix.fallback}: the {mix.kept} of {len(ranked.ranked)} layer groups whose quantizing alone to "
+        f"{mix.target} cost most (KL divergence from the baseline on the calibration text, round to nearest), the "
+        'fewest the search found to pass (`qeval search`; the report\'s "Mixed precision" section):',
+        *(f"  - {g.group}: {g.kl:.3g} nats per token alone" for g in kept),
+    ]
 
 
 def _accuracy(b: BuildVerdict, decision: Decision) -> list[str]:
@@ -148,6 +171,7 @@ def ship_card(card: ModelCard, decision: Decision, tab: capacity.Table | None = 
         f"Chosen by `qeval gate` on {decision.decided} at commit {decision.code.commit[:12]}: {decision.why}.",
         "",
         *_what(card, p),
+        *_layers(card, p),
         "",
         *_accuracy(b, decision),
         "",
