@@ -5,9 +5,11 @@ gaps between streamed tokens; TPOT (e2e - TTFT) / (output tokens - 1) per reques
 what finished inside the level's wall time, from the first request's start to the last one's end.
 Goodput counts the requests that met every latency objective on their own; a concurrency level meets
 the objective when the 95th percentiles of TTFT and TPOT are measured and within it and no request failed
-(a stream cut short is a failed request: eval/loadgen.py). Where the server was held to exact lengths,
-every request's realised prompt and output token counts are checked against what was asked
-(length_mismatches): a benchmark that silently generated one token measures nothing.
+(a stream cut short is a failed request: eval/loadgen.py). Each level is also judged on those percentiles'
+bootstrap intervals over its requests (eval/stats.py): it meets the objective (PASS), misses it (FAIL), or is
+too close to call (INCONCLUSIVE), and users within the objective become a range over the grid. Where the
+server was held to exact lengths, every request's realised prompt and output token counts are checked against
+what was asked (length_mismatches): a benchmark that silently generated one token measures nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from eval.speed import percentile, tpot_s
+from eval.stats import Verdict, at_most, percentile_interval
 
 QUANTILES = (50, 90, 95, 99)
 BURST_S = 0.001  # a request whose every token arrived within this span was not streamed as generated
@@ -108,6 +111,11 @@ class LevelMetrics(BaseModel):
     e2e_ms_p90: float | None = None
     e2e_ms_p95: float | None = None
     e2e_ms_p99: float | None = None
+    ttft_ms_p95_interval: tuple[float, float] | None = Field(None, description="95 % bootstrap interval, requests")
+    tpot_ms_p95_interval: tuple[float, float] | None = Field(None, description="95 % bootstrap interval, requests")
+    slo_verdict: Verdict | None = Field(
+        None, description="the objective judged on those intervals: met (PASS), missed (FAIL) or too close to call"
+    )
 
 
 def _ms(values: Iterable[float | None]) -> list[float]:
@@ -142,10 +150,15 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
         and quantiles.get("ttft_ms_p95", math.inf) <= slo.ttft_ms
         and quantiles.get("tpot_ms_p95", math.inf) <= slo.tpot_ms  # measured figures only: TPOT needs 2 tokens
     )
+    ttft = percentile_interval(series["ttft_ms"], 95)
+    tpot = percentile_interval(series["tpot_ms"], 95) if series["tpot_ms"] else (math.nan, math.nan, math.nan)
     return LevelMetrics(
         requests=len(records),
         failed=failed,
         meets_slo=meets,
+        ttft_ms_p95_interval=ttft[1:] if series["ttft_ms"] else None,
+        tpot_ms_p95_interval=tpot[1:] if series["tpot_ms"] else None,
+        slo_verdict=level_verdict(failed + bursts, ttft, tpot, slo),
         bursts=bursts,
         goodput_rps=per_second(len(good)),
         slo_attainment=len(good) / len(records),
@@ -155,6 +168,34 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
         output_tps_per_user=1000 / quantiles["tpot_ms_p50"] if quantiles.get("tpot_ms_p50") else 0.0,
         **quantiles,
     )
+
+
+def level_verdict(faults: int, ttft: tuple[float, float, float], tpot: tuple[float, float, float], slo: Slo) -> Verdict:
+    """A level's objective on its p95s' intervals: any failed or unstreamed request misses it; else PASS where
+    both intervals are within it, FAIL where either is wholly beyond it, INCONCLUSIVE otherwise (an unmeasured
+    TPOT among them)."""
+    if faults:
+        return Verdict.FAIL
+    verdicts = [at_most(ttft, slo.ttft_ms), at_most(tpot, slo.tpot_ms)]
+    if Verdict.FAIL in verdicts:
+        return Verdict.FAIL
+    return Verdict.PASS if all(v == Verdict.PASS for v in verdicts) else Verdict.INCONCLUSIVE
+
+
+def users_interval(per_level: dict[int, LevelMetrics]) -> tuple[int, int] | None:
+    """Users within the objective as a range over the grid: from the largest level with every level up to it
+    met (PASS), to the largest with none up to it missed (FAIL); None where the levels were not judged so."""
+    if not per_level or any(m.slo_verdict is None for m in per_level.values()):
+        return None
+    lo = hi = 0
+    met = True  # every level so far met the objective
+    for c in sorted(per_level):
+        verdict = per_level[c].slo_verdict
+        if verdict == Verdict.FAIL:
+            break
+        hi, met = c, met and verdict == Verdict.PASS
+        lo = c if met else lo
+    return lo, hi
 
 
 def length_mismatches(records: Sequence[RequestRecord], input_len: int, output_len: int) -> list[str]:

@@ -272,3 +272,29 @@ def flip_rate(base_answers: Sequence[int], build_answers: Sequence[int], confide
     k = sum(a != b for a, b in zip(base_answers, build_answers, strict=True))
     ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
     return Flips(n=n, flipped=k, rate=(k / n, float(ci.low), float(ci.high)))
+
+
+def percentile_interval(
+    values: Sequence[float], q: float, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """The q-th percentile of `values` (linear interpolation, as eval/speed.py's `percentile`) with a bootstrap
+    percentile interval: the values resampled with replacement `resamples` times, the percentile of each. Over
+    the requests of one load level, where a p95 of 12 requests is nearly their maximum and its interval as wide
+    as what separates builds; NaNs where there is no value."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    reps = np.percentile(v[rng.integers(0, v.size, size=(resamples, v.size))], q, axis=1)
+    return _interval(float(np.percentile(v, q)), reps, confidence)
+
+
+def at_most(interval: tuple[float, float, float], limit: float) -> Verdict:
+    """A figure that must stay at or under `limit`, judged on its interval: PASS where the whole interval is
+    within it, FAIL where the whole interval is beyond it, INCONCLUSIVE where it straddles it (or is unknown)."""
+    _, lo, hi = interval
+    if hi <= limit:
+        return Verdict.PASS
+    if lo > limit:
+        return Verdict.FAIL
+    return Verdict.INCONCLUSIVE

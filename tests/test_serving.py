@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from eval.serving import (
@@ -91,3 +93,62 @@ def test_records_survive_the_csv(tmp_path):
     back = read_csv(tmp_path / "r.csv")
     assert back[1] == reqs[1]
     assert back[0].token_times == pytest.approx(reqs[0].token_times) and back[0].output_tokens == 3
+
+
+def test_a_percentiles_bootstrap_interval_by_hand():
+    from eval.stats import percentile_interval
+
+    assert percentile_interval([7.0] * 12, 95) == (7.0, 7.0, 7.0)  # no spread, no interval
+    assert all(math.isnan(x) for x in percentile_interval([], 95))
+    values = [float(v) for v in range(1, 101)]
+    point, lo, hi = percentile_interval(values, 50)
+    assert point == 50.5 and 40 < lo < point < hi < 61  # the median of 100 values: about +-1 standard error x 2
+    assert percentile_interval(values, 50) == (point, lo, hi)  # seeded: the same interval every time
+    # a p95 of 12 requests is nearly their largest: its interval reaches down among the ordinary ones
+    twelve = [100.0] * 10 + [150.0, 400.0]
+    p95, low, high = percentile_interval(twelve, 95)
+    assert p95 == pytest.approx(150 + 0.45 * 250) and low == 100.0 and high == 400.0
+
+
+def test_a_level_meets_misses_or_is_too_close_to_call_on_its_intervals():
+    from eval.serving import level_verdict
+    from eval.stats import Verdict, at_most
+
+    slo = Slo(ttft_ms=200, tpot_ms=25)
+    assert at_most((1.5, 1.0, 2.0), 2.0) == Verdict.PASS and at_most((1.5, 1.0, 2.0), 0.5) == Verdict.FAIL
+    assert at_most((1.5, 1.0, 2.0), 1.5) == Verdict.INCONCLUSIVE
+    assert at_most((math.nan,) * 3, 1.0) == Verdict.INCONCLUSIVE  # unknown: not met
+    good_tpot = (10.0, 9.0, 11.0)
+    assert level_verdict(0, (150.0, 120.0, 190.0), good_tpot, slo) == Verdict.PASS
+    assert level_verdict(0, (190.0, 150.0, 260.0), good_tpot, slo) == Verdict.INCONCLUSIVE  # 203 vs 200 ms
+    assert level_verdict(0, (250.0, 210.0, 300.0), good_tpot, slo) == Verdict.FAIL
+    assert level_verdict(0, (150.0, 120.0, 190.0), (30.0, 26.0, 40.0), slo) == Verdict.FAIL
+    assert level_verdict(1, (150.0, 120.0, 190.0), good_tpot, slo) == Verdict.FAIL  # a failed request
+
+
+def test_users_within_the_objective_are_a_range_over_the_grid():
+    from eval.serving import users_interval
+    from eval.stats import Verdict
+
+    def levels(*verdicts):
+        return {
+            c: LevelMetrics(requests=3, failed=0, meets_slo=v == Verdict.PASS, slo_verdict=v)
+            for c, v in zip((1, 4, 16), verdicts, strict=False)
+        }
+
+    P, U, F = Verdict.PASS, Verdict.INCONCLUSIVE, Verdict.FAIL  # met, too close to call, missed
+    assert users_interval(levels(P, U, F)) == (1, 4)
+    assert users_interval(levels(P, P, U)) == (4, 16)
+    assert users_interval(levels(P, P, P)) == (16, 16)
+    assert users_interval(levels(U, P, F)) == (0, 4)  # the first level too close to call: none for certain
+    assert users_interval(levels(F, P, P)) == (0, 0)
+    assert users_interval({1: LevelMetrics(requests=1, failed=0, meets_slo=True)}) is None  # not judged so
+
+
+def test_each_level_is_judged_on_its_requests_intervals():
+    quick = [_request(1, i, float(i), 0.05 + 0.001 * i, 0.01, 8) for i in range(12)]
+    m = level_metrics(quick, Slo(ttft_ms=200, tpot_ms=25))
+    lo, hi = m.ttft_ms_p95_interval
+    assert lo <= m.ttft_ms_p95 <= hi < 200 and m.slo_verdict == "PASS" and m.meets_slo
+    edge = level_metrics(quick, Slo(ttft_ms=m.ttft_ms_p95, tpot_ms=25))  # the objective inside the interval
+    assert edge.meets_slo and edge.slo_verdict == "INCONCLUSIVE"

@@ -90,7 +90,7 @@ def slo_limits(card: ModelCard) -> list[str]:
         missed = next(((c, m) for c, m in sorted(served.per_level.items()) if not m.meets_slo), None)
         if missed is None:
             held = formats.users_count(served.max_users_at_slo)
-            lines.append(f"- {p}: {held}, every level within the objective ({served.execution})")
+            lines.append(f"- {p}: {held}, every level within the objective ({served.execution}){_range(served)}")
             continue
         c, m = missed
         why = []
@@ -103,8 +103,17 @@ def slo_limits(card: ModelCard) -> list[str]:
         if m.bursts:
             why.append(f"{m.bursts} unstreamed (burst) requests")
         held, at = formats.users_count(served.max_users_at_slo), formats.users_count(c)
-        lines.append(f"- {p}: {held}; at {at} {', '.join(why) or 'missed'} ({served.execution})")
+        lines.append(f"- {p}: {held}; at {at} {', '.join(why) or 'missed'} ({served.execution}){_range(served)}")
     return lines
+
+
+def _range(served: Served) -> str:
+    """Users within the objective as the levels' p95 intervals bound them, and each level's verdict on them."""
+    if served.users_at_slo_interval is None:
+        return ""
+    lo, hi = served.users_at_slo_interval
+    levels = ", ".join(f"{c} {m.slo_verdict}" for c, m in sorted(served.per_level.items()))
+    return f"; on the p95s' 95 % intervals over requests, {lo} to {hi} users ({levels})"
 
 
 def policy_text(decision: Decision) -> str:

@@ -136,6 +136,7 @@ def levels_summary(records: list[serving.RequestRecord], slo: serving.Slo, ceili
     return {
         "per_level": per_level,
         "max_users_at_slo": serving.max_users_at_slo(per_level),
+        "users_at_slo_interval": serving.users_interval(per_level),
         "failed_requests": sum(m.failed for m in per_level.values()),
         "generator_bound": bound,
     }

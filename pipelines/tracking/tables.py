@@ -75,6 +75,8 @@ BENCH_SERIES: dict[str, Getter] = {  # step = batch size, at the grid's main poi
 }
 SERVE_METRICS: dict[str, Getter] = {
     "server/max_users_at_slo": lambda s: s.max_users_at_slo,
+    "server/users_at_slo_lo": lambda s: s.users_at_slo_interval and s.users_at_slo_interval[0],
+    "server/users_at_slo_hi": lambda s: s.users_at_slo_interval and s.users_at_slo_interval[1],
     "server/failed_requests": lambda s: s.failed_requests,
     "server/generator_ceiling_chunks_s": lambda s: s.generator_ceiling.chunks_per_s,
     "server/served_accuracy_differs": lambda s: s.accuracy and len(s.accuracy.findings),

@@ -284,6 +284,9 @@ class Served(StageResult, ServedOn):
     slo: Slo
     per_level: dict[int, LevelMetrics]
     max_users_at_slo: int
+    users_at_slo_interval: tuple[int, int] | None = Field(
+        None, description="users within the objective as a range over the grid, by each level's p95 intervals"
+    )
     failed_requests: int
     generator_ceiling: GeneratorCeiling
     generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
@@ -338,6 +341,7 @@ class ScenarioSweep(Record):
     capped: str | None = Field(None, description="how the card's lengths were cut to fit the model's context")
     per_level: dict[int, LevelMetrics]
     max_users_at_slo: int
+    users_at_slo_interval: tuple[int, int] | None = None
     failed_requests: int
     generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
     probe: Probe | None = Field(None, description="the one-user probe, where the build was too slow to sweep")
