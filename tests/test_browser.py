@@ -17,6 +17,7 @@ from helpers import REPO, root_env
 
 from pipelines.core.card.cards import load_card
 from pipelines.core.store.layout import gate_file
+from pipelines.core.store.searches import with_carried
 from pipelines.core.store.verdicts import BuildVerdict
 from pipelines.core.system.procs import running
 
@@ -40,7 +41,7 @@ CHROMIUM_ARGS = [
 def ui(pipeline_root):
     """`qeval ui` on loopback over the store of the session's pipeline run (every stage logged, the gate and
     the report); yields the address it printed for the model, the decision and the card."""
-    card = load_card("ref-small")
+    card = with_carried(load_card("ref-small"))  # its builds and the mix its search carried on, each a run
     SHOTS.mkdir(exist_ok=True)
     SHOTS_LOG.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pipelines", "ui", "--port", "{port}"]

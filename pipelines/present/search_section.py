@@ -34,8 +34,8 @@ def lines(found: Searched) -> list[str]:
         f"{found.bottom_half_kl:.3g} ({ratio:.1f}x).",
         "",
         f"The first mix tried keeps {found.first} groups, the fewest whose predicted divergence closes 90 % of the "
-        f"gap between the uniform builds; then bisection, the gate's quality verdict the judge, at most "
-        f"{found.max_evaluations} mixes built ({len(found.tried)} were)."
+        f"gap between the uniform builds; then bisection, the gate's quality verdict the judge: "
+        f"{_count(len(found.tried), 'mix')} built of the {found.max_evaluations} the card allows."
         if found.first is not None
         else "No mix was built.",
         "",
@@ -48,6 +48,10 @@ def lines(found: Searched) -> list[str]:
         "anything is built); measured: the real build (GPTQ or SmoothQuant's errors, activations quantized), "
         "judged like every build. The chart `sensitivity.png` draws the whole predicted frontier.",
     ]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 'es' if noun.endswith('x') else 's'}"
 
 
 def _row(t: Tried, predicted) -> str:
