@@ -229,7 +229,7 @@ async def run_level(
     return sorted(records, key=lambda r: r.index)
 
 
-async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress) -> list[RequestRecord]:
+async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress, starting) -> list[RequestRecord]:
     import aiohttp
 
     used = 0  # prompts taken so far: each request takes the next one
@@ -246,6 +246,7 @@ async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress) -> list[R
             used = 1 + top * cfg.warmup
         records: list[RequestRecord] = []
         for c in cfg.concurrency:
+            starting(c)
             level = await run_level(session, cfg, prompts, c, c * cfg.requests_per_user, first=used)
             used += c * cfg.requests_per_user
             progress(c, level)
@@ -253,7 +254,10 @@ async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress) -> list[R
         return records
 
 
-def sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress=lambda c, level: None) -> list[RequestRecord]:
+def sweep(
+    cfg: LoadConfig, prompts: Sequence[Prompt], progress=lambda c, level: None, starting=lambda c: None
+) -> list[RequestRecord]:
     """Warm up, then every concurrency level in order; the records of every measured request (give
-    prompts_needed() prompts, so that none repeats)."""
-    return asyncio.run(_sweep(cfg, prompts, progress))
+    prompts_needed() prompts, so that none repeats). `starting(c)` just before level c, `progress(c, records)`
+    just after it."""
+    return asyncio.run(_sweep(cfg, prompts, progress, starting))

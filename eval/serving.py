@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eval.server_view import ServerView
 from eval.speed import percentile, tpot_s
 from eval.stats import Verdict, at_most, percentile_interval
 
@@ -116,6 +117,7 @@ class LevelMetrics(BaseModel):
     slo_verdict: Verdict | None = Field(
         None, description="the objective judged on those intervals: met (PASS), missed (FAIL) or too close to call"
     )
+    server: ServerView | None = Field(None, description="the server's own view of the level (its /metrics)")
 
 
 def _ms(values: Iterable[float | None]) -> list[float]:

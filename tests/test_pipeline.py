@@ -193,6 +193,14 @@ def test_every_build_is_served_on_vllm_labelled_by_its_kernel_and_scored_through
         assert set(r["accuracy"]["vs_offline"]) == tasks, p
         assert isinstance(r["accuracy"]["vs_offline"]["refkjv_continue"]["identical"], int), p
         assert all(abs(c["served"] - c["offline"]) < 0.2 for c in r["accuracy"]["vs_offline"].values()), p
+        # each level judged on its p95s' intervals, and the server's own view of it (its /metrics)
+        lo, hi = r["users_at_slo_interval"]
+        assert lo <= hi and lo <= r["max_users_at_slo"] <= hi, p
+        for c, m in r["per_level"].items():
+            assert m["slo_verdict"] in ("PASS", "FAIL", "INCONCLUSIVE"), (p, c)
+            low, high = m["ttft_ms_p95_interval"]
+            assert low <= m["ttft_ms_p95"] <= high, (p, c)
+            assert m["server"]["finished"] == m["requests"] and m["server"]["ttft_ms_mean"] > 0, (p, c)
 
 
 def test_int8_is_served_natively_streamed_stopped_and_scored_as_offline(pipeline_run, pipeline_root):

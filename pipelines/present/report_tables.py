@@ -5,6 +5,7 @@ builds' finished stages.
 
 from __future__ import annotations
 
+import eval.server_view as server_view
 from eval.sizing import Fit
 from eval.stats import Verdict
 from pipelines.core.card.cards import ModelCard
@@ -102,6 +103,8 @@ def slo_limits(card: ModelCard) -> list[str]:
             why.append(f"{m.failed} failed requests")
         if m.bursts:
             why.append(f"{m.bursts} unstreamed (burst) requests")
+        if m.server is not None:  # the server's own view of that level (its /metrics)
+            why.append(f"by the server's metrics, {server_view.cause(m.server)}")
         held, at = formats.users_count(served.max_users_at_slo), formats.users_count(c)
         lines.append(f"- {p}: {held}; at {at} {', '.join(why) or 'missed'} ({served.execution}){_range(served)}")
     return lines

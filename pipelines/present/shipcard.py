@@ -10,6 +10,7 @@ README.md next to the weights.
 
 from __future__ import annotations
 
+import eval.server_view as server_view
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import finished, result_of
 from pipelines.core.store.ranked import Ranked
@@ -116,13 +117,15 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
             f"closed-loop, {served.load.requests_per_user} requests per user; objective TTFT p95 <= "
             f"{served.slo.ttft_ms:g} ms, TPOT p95 <= {served.slo.tpot_ms:g} ms.",
             "",
-            "| users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s | within the objective |",
-            "|---|---|---|---|---|",
+            "| users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s | within the objective | on the p95s' "
+            "intervals | the server's view |",
+            "|---|---|---|---|---|---|---|",
         ]
         for c, m in served.per_level.items():
+            view = server_view.cause(m.server) if m.server is not None and not m.meets_slo else ""
             lines.append(
                 f"| {c} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} | "
-                f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} |"
+                f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} | {m.slo_verdict or ''} | {view} |"
             )
     if shaped is not None:
         for name, sw in shaped.scenarios.items():

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import eval.loadgen as loadgen
+import eval.server_view as server_view
 import eval.serving as serving
 import eval.stream_stub as stream_stub
 from pipelines.core.store.results import GeneratorCeiling, LinearKernel
@@ -68,11 +69,20 @@ def run_levels(
     prompts: Sequence[loadgen.Prompt],
     slo: serving.Slo,
     where: str,
+    views: dict[int, server_view.ServerView] | None = None,
 ) -> list[serving.RequestRecord]:
     """Sweep the server at `base_url` over `load`'s levels, a progress line per level; `where` names what to
-    read when it fails (its log, or the URL of a server the user runs)."""
+    read when it fails (its log, or the URL of a server the user runs). `views`, where given, gets the server's
+    own view of each level (its /metrics before and after; eval/server_view.py), where it has one."""
+    before: dict[int, server_view.Snapshot | None] = {}
+
+    def starting(c: int) -> None:
+        if views is not None:
+            before[c] = server_view.read(base_url)
 
     def level_done(c: int, level: list[serving.RequestRecord]) -> None:
+        if views is not None and before.get(c) is not None and (after := server_view.read(base_url)) is not None:
+            views[c] = server_view.between(before[c], after)
         m = serving.level_metrics(level, slo)
         log.info(
             "%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s",
@@ -102,7 +112,7 @@ def run_levels(
 
     try:
         cfg = loadgen.LoadConfig(url=base_url, model=model, **load.model_dump())
-        return loadgen.sweep(cfg, prompts, level_done)
+        return loadgen.sweep(cfg, prompts, level_done, starting)
     except RuntimeError as e:
         raise QevalError(f"{label} server: {e}; check {where}") from None
 
@@ -120,10 +130,17 @@ def check_alive(label: str, base_url: str, records: list[serving.RequestRecord],
     )
 
 
-def levels_summary(records: list[serving.RequestRecord], slo: serving.Slo, ceiling: GeneratorCeiling) -> dict:
+def levels_summary(
+    records: list[serving.RequestRecord],
+    slo: serving.Slo,
+    ceiling: GeneratorCeiling,
+    views: dict[int, server_view.ServerView] | None = None,
+) -> dict:
     """The fields of a sweep's result that its records give: per level, users within the SLO, failures, and
-    whether the generator's ceiling bounds the figures."""
-    per_level = serving.sweep_metrics(records, slo)
+    whether the generator's ceiling bounds the figures; each level with the server's own view where read."""
+    per_level = {
+        c: m.model_copy(update={"server": (views or {}).get(c)}) for c, m in serving.sweep_metrics(records, slo).items()
+    }
     peak = max((m.output_tps or 0.0 for m in per_level.values()), default=0.0)
     bound = ceiling.chunks_per_s < 10 * peak
     if bound:

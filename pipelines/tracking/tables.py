@@ -84,7 +84,12 @@ SERVE_METRICS: dict[str, Getter] = {
 _LATENCY = [f"{m}_p{q}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") for q in (50, 90, 95, 99)]
 _THROUGHPUT = ["output_tps", "output_tps_per_user", "request_tps", "goodput_rps", "slo_attainment", "failed", "bursts"]
 SERVE_SERIES: dict[str, Getter] = {  # step = concurrency
-    f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT
+    **{f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT},
+    # the server's own view of each level (its /metrics; eval/server_view.py), where it exports vLLM's
+    **{
+        f"server/metrics_{name}": (lambda n: lambda m: m.server and getattr(m.server, n))(name)
+        for name in ("preemptions", "ttft_ms_mean", "tpot_ms_mean", "queue_ms_mean", "prefill_ms_mean")
+    },
 }
 # the shape stage (random weights at the model's shape): its own names, never a real checkpoint's server/*;
 # per scenario (the card's speed.scenarios, `default` where it names none) under shape/<scenario>/
@@ -103,8 +108,8 @@ SHAPE_SCENARIO_METRICS: dict[str, Getter] = {  # of a ScenarioSweep, each name a
     "decode_measured_over_ceiling": lambda s: s.ceiling and s.ceiling.measured_over_ceiling,
     "bandwidth_gb_s": lambda s: s.ceiling and s.ceiling.bandwidth_gb_s,
 }
-SHAPE_SERIES: dict[str, Getter] = {  # step = concurrency, each name after SHAPE_SCENARIO
-    name.removeprefix("server/"): get for name, get in SERVE_SERIES.items()
+SHAPE_SERIES: dict[str, Getter] = {  # step = concurrency, each name after SHAPE_SCENARIO; the server's view is serve's
+    name.removeprefix("server/"): get for name, get in SERVE_SERIES.items() if not name.startswith("server/metrics_")
 }
 SIZE_METRICS: dict[str, Getter] = {
     "size/weights_gb": lambda s: s.weights_bytes / 1e9,

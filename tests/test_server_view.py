@@ -1,0 +1,46 @@
+"""The server's own view of a load level (eval/server_view.py), on vLLM's /metrics as a vLLM 0.32 server of
+ref-lm exported it, read before and after 8 concurrent requests (tests/data/vllm_metrics_*.txt: its `vllm:`
+families, as recorded)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import REPO
+
+from eval.server_view import ServerView, between, cause, parse
+
+DATA = REPO / "tests/data"
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return parse((DATA / "vllm_metrics_before.txt").read_text()), parse((DATA / "vllm_metrics_after.txt").read_text())
+
+
+def test_a_recorded_exposition_reads_as_counters_histograms_and_gauges(recorded):
+    before, after = recorded
+    assert set(after.gauges) == {"running", "waiting", "kv_cache_usage"}
+    assert set(after.counters) == {"preemptions", "finished"}
+    assert set(after.histograms) == {"ttft", "tpot", "queue", "prefill"}
+    assert after.counters["finished"] - before.counters["finished"] == 8  # the requests sent between the two
+    assert after.histograms["ttft"][1] - before.histograms["ttft"][1] == 8
+
+
+def test_the_level_between_two_readings(recorded):
+    view = between(*recorded)
+    assert view.finished == 8 and view.preemptions == 0
+    assert 0 < view.queue_ms_mean < view.ttft_ms_mean and view.prefill_ms_mean > 0 and view.tpot_ms_mean > 0
+    assert view.running_after == 0 and view.waiting_after == 0 and 0 <= view.kv_cache_usage_after <= 1
+    # the means are the histograms' sums over their counts, by hand
+    (s0, n0), (s1, n1) = recorded[0].histograms["ttft"], recorded[1].histograms["ttft"]
+    assert view.ttft_ms_mean == pytest.approx(1000 * (s1 - s0) / (n1 - n0))
+
+
+def test_what_broke_a_level_by_the_servers_view():
+    assert cause(ServerView(preemptions=3, ttft_ms_mean=900, queue_ms_mean=800)).startswith("the KV cache filled")
+    assert cause(ServerView(preemptions=0, ttft_ms_mean=400, queue_ms_mean=300)).startswith("queueing: 300 ms")
+    assert cause(ServerView(preemptions=0, ttft_ms_mean=400, queue_ms_mean=20, prefill_ms_mean=350)) == (
+        "the work itself: mean first token 400 ms, 350 ms of it prefill, little queueing"
+    )
+    assert cause(ServerView()) == "the server reports no metrics"
+    assert parse("# nothing here\n").counters == {}  # a server that exports none of them
