@@ -119,5 +119,5 @@ def test_an_unknown_stage_to_skip_is_named_with_a_suggestion(workdir):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "qeval: error: --skip: unknown stage 'serve-bench' (did you mean 'serve', 'bench'?); known: quantize, "
-        "evaluate, bench, shape, size, serve"
+        "evaluate, bench, shape, size, serve, sensitivity"
     ]

@@ -72,14 +72,6 @@ class StageSpec:
 STAGES: dict[str, StageSpec] = {
     s.name: s
     for s in (
-        # a precision's layer groups ranked for the mixed-precision search, which runs it (not a build's own run)
-        StageSpec(
-            name="sensitivity",
-            result=Ranked,
-            needs_baseline=False,
-            judged=False,
-            full_run=False,
-        ),
         StageSpec(
             name="quantize",
             result=Quantized,
@@ -120,6 +112,14 @@ STAGES: dict[str, StageSpec] = {
             result=Served,
             needs_baseline=False,
             judged=True,
+        ),
+        # a precision's layer groups ranked for the mixed-precision search, which runs it after the builds' stages
+        StageSpec(
+            name="sensitivity",
+            result=Ranked,
+            needs_baseline=False,
+            judged=False,
+            full_run=False,
         ),
     )
 }
