@@ -153,7 +153,7 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
         and quantiles.get("tpot_ms_p95", math.inf) <= slo.tpot_ms  # measured figures only: TPOT needs 2 tokens
     )
     ttft = percentile_interval(series["ttft_ms"], 95)
-    tpot = percentile_interval(series["tpot_ms"], 95) if series["tpot_ms"] else (math.nan, math.nan, math.nan)
+    tpot = percentile_interval(series["tpot_ms"], 95)  # NaNs where no request had two tokens
     return LevelMetrics(
         requests=len(records),
         failed=failed,

@@ -136,10 +136,18 @@ def _kl_with(model: Any, plan: list[tuple[list[Group], Any]], batches: list[Any]
             modules[name].weight.data = data
 
 
-def rank(model: Any, groups: list[Group], args: Any, batches: list[Any], progress=None) -> list[Sensitivity]:
+def baseline_logits(model: Any, batches: list[Any]) -> list[Any]:
+    """The unquantized model's logits per batch: what rank, halves and frontier hold every variant against
+    (computed once by a caller that runs all three)."""
+    return _logits(model, batches)
+
+
+def rank(
+    model: Any, groups: list[Group], args: Any, batches: list[Any], progress=None, base: list[Any] | None = None
+) -> list[Sensitivity]:
     """Each group's KL divergence when it alone is quantized, most sensitive first. `batches`: token-id
     tensors of the calibration text; `progress(done, total)` after each group."""
-    base = _logits(model, batches)
+    base = base if base is not None else _logits(model, batches)
     out = []
     for i, g in enumerate(groups):
         out.append(Sensitivity(g, quantized_kl(model, [g], args, batches, base)))
@@ -148,21 +156,29 @@ def rank(model: Any, groups: list[Group], args: Any, batches: list[Any], progres
     return sorted(out, key=lambda s: -s.kl)
 
 
-def halves(model: Any, ranked: list[Sensitivity], args: Any, batches: list[Any]) -> tuple[float, float]:
+def halves(
+    model: Any, ranked: list[Sensitivity], args: Any, batches: list[Any], base: list[Any] | None = None
+) -> tuple[float, float]:
     """The ranking's own check: the KL divergence with the most sensitive half of the groups quantized, and with
     the least sensitive half; a ranking worth searching by has the first well above the second."""
-    base = _logits(model, batches)
+    base = base if base is not None else _logits(model, batches)
     half = len(ranked) // 2
     top, bottom = [s.group for s in ranked[:half]], [s.group for s in ranked[len(ranked) - half :]]
     return quantized_kl(model, top, args, batches, base), quantized_kl(model, bottom, args, batches, base)
 
 
 def frontier(
-    model: Any, ranked: list[Sensitivity], target: Any, fallback: Any, batches: list[Any], kept: list[int]
+    model: Any,
+    ranked: list[Sensitivity],
+    target: Any,
+    fallback: Any,
+    batches: list[Any],
+    kept: list[int],
+    base: list[Any] | None = None,
 ) -> dict[int, float]:
     """The predicted frontier of mixed builds: for each k in `kept`, the KL divergence with the k most sensitive
     groups at `fallback` (None: left at the baseline's weights) and every other ranked group at `target`."""
-    base = _logits(model, batches)
+    base = base if base is not None else _logits(model, batches)
     out = {}
     for k in kept:
         top, rest = [s.group for s in ranked[:k]], [s.group for s in ranked[k:]]

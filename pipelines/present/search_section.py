@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.ranked import Ranked
-from pipelines.core.store.searches import Searched, Tried, read_search
+from pipelines.core.store.searches import Searched, Tried, current
 from pipelines.present import charts
 
 
 def section(card: ModelCard) -> list[str]:
     """Markdown lines, where the card searches and its search has run; else none."""
-    found = read_search(card.name) if card.search else None
-    if found is None or (found.target, found.fallback) != (card.search.target, card.search.fallback):
-        return []
-    return lines(found)
+    found = current(card)
+    return lines(found) if found is not None else []
 
 
 def lines(found: Searched) -> list[str]:

@@ -28,7 +28,7 @@ from pipelines.present import charts, search_section
 from quant import calibration
 from quant.execution import compute_dtype
 from quant.precisions import get_precision, mix_name
-from quant.sensitivity import frontier, halves, layer_groups, parameters, rank, weight_args
+from quant.sensitivity import baseline_logits, frontier, halves, layer_groups, parameters, rank, weight_args
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,10 @@ def _measure(card: ModelCard, precision: str, fallback: str, base: str, spec, ou
     def said(done: int, total: int) -> None:
         log.info("%s@%s sensitivity: %d of %d layer groups", card.name, precision, done, total)
 
-    ranked = rank(model, groups, args, batches, said)
-    top, bottom = halves(model, ranked, args, batches)
-    predicted = frontier(model, ranked, args, back, batches, list(range(len(ranked) + 1)))
+    base = baseline_logits(model, batches)  # once, for the ranking, its check and the frontier
+    ranked = rank(model, groups, args, batches, said, base)
+    top, bottom = halves(model, ranked, args, batches, base)
+    predicted = frontier(model, ranked, args, back, batches, list(range(len(ranked) + 1)), base)
     sizes = [parameters(model, s.group) for s in ranked]
     every = sum(t.numel() for t in model.state_dict().values())
     per_weight = {n: get_precision(n).bytes_per_weight(group_size) for n in (precision, fallback)}

@@ -69,13 +69,19 @@ def read_search(model: str) -> Searched | None:
         ) from None
 
 
-def with_carried(card):
-    """The card (pipelines/core/card/cards.py's ModelCard) with the mix its last search carried on among its
-    precisions, where its search still names that mix's target and fallback: what `qeval run` gated, for the
-    commands that read a card again (gate, report, a stage's own command)."""
+def current(card) -> Searched | None:
+    """The last search's record for the card (pipelines/core/card/cards.py's ModelCard), where the card still
+    searches the same target and fallback; None otherwise."""
     found = read_search(card.name) if card.search else None
+    if found is None or (found.target, found.fallback) != (card.search.target, card.search.fallback):
+        return None
+    return found
+
+
+def with_carried(card):
+    """The card with the mix its current search carried on among its precisions: what `qeval run` gated, for the
+    commands that read a card again (gate, report, a stage's own command)."""
+    found = current(card)
     if found is None or found.carried is None or found.carried in card.precisions:
-        return card
-    if (found.target, found.fallback) != (card.search.target, card.search.fallback):
         return card
     return card.model_copy(update={"precisions": [*card.precisions, found.carried]})
