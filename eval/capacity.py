@@ -14,18 +14,24 @@ users = requests/s x end-to-end latency at that load. Then
 
 the last two at the instance's highest-throughput load within the objective. A build that fits no device,
 or holds no user within the objective, says so instead of dividing by zero.
+
+A measured instance's users within the objective are a range (eval/serving.py, `users_interval`: from the
+users every judged level up to met, to one under the first level missed), so its cost is a range too
+(`bounds`): the conservative end holds the range's low end at the best throughput of the levels met, the
+optimistic end its high end at the best of the levels not missed. Choices on cost rest on the conservative end.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from eval.gpus import Gpu
-from eval.serving import LevelMetrics, max_users_at_slo
+from eval.serving import LevelMetrics, max_users_at_slo, users_interval
 from eval.sizing import Assumptions, Shape, workspace_bytes
 from eval.speed import decode_step_bytes, mid_generation_context
+from eval.stats import Verdict
 
 TP_DEGREES = (1, 2, 4, 8)
 
@@ -47,6 +53,8 @@ class PerInstance:
     devices: int  # GPUs per instance (its tensor-parallel degree); 1 for a CPU machine
     measured: bool  # False: projected
     how: str  # one phrase: where it was measured, or what the projection assumed
+    users_range: tuple[int, int] | None = None  # measured on intervals: users within the objective for certain
+    # (low) and not missed (high); None where projected or the levels were not judged so
 
 
 @dataclass(frozen=True)
@@ -67,18 +75,37 @@ def users_for_rate(rate_rps: float, e2e_s: float) -> float:
     return rate_rps * e2e_s
 
 
-def measured(levels: Mapping[int, LevelMetrics], *, devices: int = 1, how: str) -> PerInstance:
-    """One instance as a sweep measured it: its users within the objective (the largest level that met it,
-    every lower one meeting it too: eval/serving.py), and the throughput of the highest-throughput level
-    among those."""
-    users = max_users_at_slo(dict(levels))
-    within = [m for c, m in levels.items() if c <= users and m.output_tps and m.request_tps and m.e2e_ms_p50]
+def _within(
+    levels: Mapping[int, LevelMetrics], users: int, devices: int, how: str, counts: Callable[[LevelMetrics], bool]
+) -> PerInstance:
+    """`users` per instance, at the throughput of the highest-throughput level up to them that `counts`."""
+    within = [
+        m for c, m in levels.items() if c <= users and counts(m) and m.output_tps and m.request_tps and m.e2e_ms_p50
+    ]
     if not users or not within:
         return PerInstance(0, 0.0, 0.0, math.inf, devices, True, how)
     best = max(within, key=lambda m: m.output_tps or 0.0)
     return PerInstance(
         users, best.output_tps or 0.0, best.request_tps or 0.0, (best.e2e_ms_p50 or 0) / 1000, devices, True, how
     )
+
+
+def measured(levels: Mapping[int, LevelMetrics], *, devices: int = 1, how: str) -> PerInstance:
+    """One instance as a sweep measured it: its users within the objective (the largest level that met it,
+    every lower one meeting it too: eval/serving.py), and the throughput of the highest-throughput level
+    among those; with the users' range where the levels were judged on intervals."""
+    per = _within(levels, max_users_at_slo(dict(levels)), devices, how, lambda m: True)
+    return replace(per, users_range=users_interval(dict(levels)))
+
+
+def bounds(levels: Mapping[int, LevelMetrics], per: PerInstance) -> tuple[PerInstance, PerInstance] | None:
+    """The conservative and optimistic ends of a measured instance (module docstring); None without a range."""
+    if per.users_range is None:
+        return None
+    lo, hi = per.users_range
+    sure = _within(levels, lo, per.devices, per.how, lambda m: m.slo_verdict == Verdict.PASS)
+    maybe = _within(levels, hi, per.devices, per.how, lambda m: m.slo_verdict != Verdict.FAIL)
+    return sure, maybe
 
 
 @dataclass(frozen=True)

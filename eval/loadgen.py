@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eval.edge import EdgeSearch
 from eval.serving import RequestRecord
 
 
@@ -44,6 +45,7 @@ class LoadSettings(BaseModel):
     )
     timeout_s: float = Field(gt=0, description="per request")
     warmup_timeout_s: float = Field(300, gt=0, description="per warm-up request (the first may load the model)")
+    edge: EdgeSearch | None = Field(None, description="levels and requests added past the grid (eval/edge.py)")
 
 
 class LoadConfig(LoadSettings):
@@ -210,26 +212,29 @@ def prompts_needed(load: LoadSettings) -> int:
     """Requests a sweep sends, warm-up included: with this many prompts no request repeats another's, so
     none is served from the prefix cache a previous one filled."""
     top = max(load.concurrency)
-    return (1 + top * load.warmup if load.warmup else 0) + sum(c * load.requests_per_user for c in load.concurrency)
+    per_user = max(load.requests_per_user, load.edge.max_requests_per_user if load.edge else 0)
+    added = load.edge.levels * top * per_user if load.edge else 0
+    return (1 + top * load.warmup if load.warmup else 0) + sum(c * per_user for c in load.concurrency) + added
 
 
 async def run_level(
-    session, cfg: LoadConfig, prompts: Sequence[Prompt], concurrency: int, n: int, first: int = 0
+    session, cfg: LoadConfig, prompts: Sequence[Prompt], concurrency: int, n: int, first: int = 0, numbered: int = 0
 ) -> list[RequestRecord]:
-    """`n` requests with `concurrency` closed-loop workers, taking prompts from index `first` on."""
+    """`n` requests with `concurrency` closed-loop workers, taking prompts from index `first` on, the
+    requests numbered from `numbered` (a level's later rounds continue its numbering)."""
     queue = iter(range(n))
     records: list[RequestRecord] = []
 
     async def worker() -> None:
         for i in queue:  # shared iterator: each index is taken once
             prompt = prompts[(first + i) % len(prompts)]
-            records.append(await one_request(session, cfg, prompt, concurrency, i, cfg.timeout_s))
+            records.append(await one_request(session, cfg, prompt, concurrency, numbered + i, cfg.timeout_s))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return sorted(records, key=lambda r: r.index)
 
 
-async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress, starting) -> list[RequestRecord]:
+async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress, starting, more, then) -> list[RequestRecord]:
     import aiohttp
 
     used = 0  # prompts taken so far: each request takes the next one
@@ -245,19 +250,35 @@ async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress, starting)
                     raise RuntimeError(f"warm-up request failed: {r.error}")
             used = 1 + top * cfg.warmup
         records: list[RequestRecord] = []
-        for c in cfg.concurrency:
+
+        async def level(c: int) -> None:
+            nonlocal used
             starting(c)
-            level = await run_level(session, cfg, prompts, c, c * cfg.requests_per_user, first=used)
-            used += c * cfg.requests_per_user
-            progress(c, level)
-            records += level
+            got: list[RequestRecord] = []
+            while not got or more(c, got):  # a round of requests_per_user per user, then more while asked
+                n = c * cfg.requests_per_user
+                got += await run_level(session, cfg, prompts, c, n, first=used, numbered=len(got))
+                used += n
+            progress(c, got)
+            records.extend(got)
+
+        for c in cfg.concurrency:
+            await level(c)
+        while (c := then()) is not None:
+            await level(c)
         return records
 
 
 def sweep(
-    cfg: LoadConfig, prompts: Sequence[Prompt], progress=lambda c, level: None, starting=lambda c: None
+    cfg: LoadConfig,
+    prompts: Sequence[Prompt],
+    progress=lambda c, level: None,
+    starting=lambda c: None,
+    more=lambda c, level: False,
+    then=lambda: None,
 ) -> list[RequestRecord]:
-    """Warm up, then every concurrency level in order; the records of every measured request (give
-    prompts_needed() prompts, so that none repeats). `starting(c)` just before level c, `progress(c, records)`
-    just after it."""
-    return asyncio.run(_sweep(cfg, prompts, progress, starting))
+    """Warm up, then every concurrency level in order, then each level `then()` names until it says None;
+    the records of every measured request (give prompts_needed() prompts, so that none repeats). At each
+    level: `starting(c)` first, a round of requests_per_user per user, another while `more(c, records so far)`
+    says so, then `progress(c, records)`."""
+    return asyncio.run(_sweep(cfg, prompts, progress, starting, more, then))

@@ -7,7 +7,8 @@ Goodput counts the requests that met every latency objective on their own; a con
 the objective when the 95th percentiles of TTFT and TPOT are measured and within it and no request failed
 (a stream cut short is a failed request: eval/loadgen.py). Each level is also judged on those percentiles'
 bootstrap intervals over its requests (eval/stats.py): it meets the objective (PASS), misses it (FAIL), or is
-too close to call (INCONCLUSIVE), and users within the objective become a range over the grid. Where the
+too close to call (INCONCLUSIVE), and users within the objective become a range over the judged levels (the
+grid, and the levels eval/edge.py adds toward the edge). Where the
 server was held to exact lengths, every request's realised prompt and output token counts are checked against
 what was asked (length_mismatches): a benchmark that silently generated one token measures nothing.
 """
@@ -118,6 +119,7 @@ class LevelMetrics(BaseModel):
         None, description="the objective judged on those intervals: met (PASS), missed (FAIL) or too close to call"
     )
     server: ServerView | None = Field(None, description="the server's own view of the level (its /metrics)")
+    sizing: str | None = Field(None, description="why the level has the requests it has (eval/edge.py)")
 
 
 def _ms(values: Iterable[float | None]) -> list[float]:
@@ -185,19 +187,20 @@ def level_verdict(faults: int, ttft: tuple[float, float, float], tpot: tuple[flo
 
 
 def users_interval(per_level: dict[int, LevelMetrics]) -> tuple[int, int] | None:
-    """Users within the objective as a range over the grid: from the largest level with every level up to it
-    met (PASS), to the largest with none up to it missed (FAIL); None where the levels were not judged so."""
+    """Users within the objective as a range over the judged levels: from the largest level with every level
+    up to it met (PASS), to one under the first level missed (FAIL), the untested levels between unknown; to
+    the largest level where none missed (the edge lies beyond what was judged). None where the levels were not
+    judged so."""
     if not per_level or any(m.slo_verdict is None for m in per_level.values()):
         return None
-    lo = hi = 0
-    met = True  # every level so far met the objective
-    for c in sorted(per_level):
-        verdict = per_level[c].slo_verdict
-        if verdict == Verdict.FAIL:
+    levels = sorted(per_level)
+    lo = 0
+    for c in levels:
+        if per_level[c].slo_verdict != Verdict.PASS:
             break
-        hi, met = c, met and verdict == Verdict.PASS
-        lo = c if met else lo
-    return lo, hi
+        lo = c
+    missed = next((c for c in levels if per_level[c].slo_verdict == Verdict.FAIL), None)
+    return lo, max(lo, missed - 1) if missed is not None else levels[-1]
 
 
 def length_mismatches(records: Sequence[RequestRecord], input_len: int, output_len: int) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from helpers import REPO
 
-from eval.capacity import PerInstance, cost, measured, project, users_for_rate
+from eval.capacity import PerInstance, bounds, cost, measured, project, users_for_rate
 from eval.gpus import Gpu
 from eval.serving import LevelMetrics
 from eval.sizing import Assumptions, Shape
@@ -170,6 +170,59 @@ def test_prefer_cost_ships_another_build_than_prefer_memory():
     # no passing build with a price there: nothing is chosen, and the reason says why
     none, why = choose([_costed("fp8", 8.0, None, "holds no user within the objective")], "cost", 0.03)
     assert none is None and "has a cost" in why
+
+
+def _judged(verdict: Verdict, output_tps: float) -> LevelMetrics:
+    return LevelMetrics(
+        requests=8,
+        failed=0,
+        meets_slo=verdict != Verdict.FAIL,
+        slo_verdict=verdict,
+        output_tps=output_tps,
+        request_tps=output_tps / 32,
+        e2e_ms_p50=1000,
+    )
+
+
+def test_users_within_the_objective_as_a_range_make_cost_a_range_by_hand():
+    # met for certain up to 4 users (100 tok/s), 10 too close to call (200 tok/s), 13 missed: 4 to 12 users.
+    # 64 users at $0.10 per machine-hour: conservative ceil(64 / 4) = 16 machines at 100 tok/s:
+    # 0.10 / (100 x 3600) x 1e6 = $0.2778 per million; optimistic ceil(64 / 12) = 6 machines at 200 tok/s: $0.1389.
+    P, U, F = Verdict.PASS, Verdict.INCONCLUSIVE, Verdict.FAIL
+    levels = {1: _judged(P, 30), 4: _judged(P, 100), 10: _judged(U, 200), 13: _judged(F, 260)}
+    per = measured(levels, how="by hand")
+    assert per.users == 10 and per.users_range == (4, 12)  # the point: 10 met on its p95s' point values
+    sure, maybe = bounds(levels, per)
+    assert (sure.users, sure.output_tps, maybe.users, maybe.output_tps) == (4, 100, 12, 200)
+    dear, cheap = cost(sure, 64, 0.10), cost(maybe, 64, 0.10)
+    assert (dear.devices, cheap.devices) == (16, 6)
+    assert dear.usd_per_mtok == pytest.approx(0.2778, abs=1e-4)
+    assert cheap.usd_per_mtok == pytest.approx(0.1389, abs=1e-4)
+    # nothing met for certain: the conservative end cannot serve, and says so
+    unsure = {1: _judged(U, 30), 4: _judged(F, 100)}
+    assert measured(unsure, how="by hand").users_range == (0, 3)
+    sure, _ = bounds(unsure, measured(unsure, how="by hand"))
+    assert cost(sure, 64, 0.10).why == "holds no user within the objective"
+    # levels not judged on intervals: no range
+    assert bounds({1: level(True, 50, 1.0, 1000)}, measured({1: level(True, 50, 1.0, 1000)}, how="x")) is None
+
+
+def _ranged(name: str, weights: float, usd: tuple[float | None, float | None]) -> BuildVerdict:
+    cost = CostFigure("cpu", True, 8, 8, 0.8, usd[0], None, (4, 12), (6, 16), usd)
+    speed = Measured(50.0, weights + 1, weights, Execution.NATIVE, cost=cost)
+    return BuildVerdict(precision=name, verdict=Verdict.PASS, rules=[], tasks={}, speed=speed, speedup=None)
+
+
+def test_cost_is_judged_on_the_conservative_end():
+    bound = Gate(max_cost_per_mtok=0.20)
+    assert cost_rule(bound, _ranged("int8", 8.0, (0.10, 0.15)).speed).verdict == Verdict.PASS
+    straddles = cost_rule(bound, _ranged("int8", 8.0, (0.14, 0.28)).speed)
+    assert straddles.verdict == Verdict.INCONCLUSIVE and "judged on $0.28, the conservative end" in straddles.reason
+    assert cost_rule(bound, _ranged("int8", 8.0, (0.21, 0.28)).speed).verdict == Verdict.FAIL
+    assert cost_rule(bound, _ranged("int8", 8.0, (0.14, None)).speed).verdict == Verdict.INCONCLUSIVE
+    # the cheaper point, the dearer conservative end: prefer cost takes the other
+    chosen, why = choose([_ranged("int8", 8.0, (0.10, 0.30)), _ranged("awq", 5.0, (0.12, 0.20))], "cost", 0.03)
+    assert chosen == "awq" and "judged on $0.2" in why
 
 
 def test_the_cost_rule():

@@ -126,7 +126,7 @@ def test_a_level_meets_misses_or_is_too_close_to_call_on_its_intervals():
     assert level_verdict(1, (150.0, 120.0, 190.0), good_tpot, slo) == Verdict.FAIL  # a failed request
 
 
-def test_users_within_the_objective_are_a_range_over_the_grid():
+def test_users_within_the_objective_are_a_range_over_the_judged_levels():
     from eval.serving import users_interval
     from eval.stats import Verdict
 
@@ -137,10 +137,11 @@ def test_users_within_the_objective_are_a_range_over_the_grid():
         }
 
     P, U, F = Verdict.PASS, Verdict.INCONCLUSIVE, Verdict.FAIL  # met, too close to call, missed
-    assert users_interval(levels(P, U, F)) == (1, 4)
+    assert users_interval(levels(P, U, F)) == (1, 15)  # 5 to 15 untested: unknown
+    assert users_interval(levels(P, P, F)) == (4, 15)
     assert users_interval(levels(P, P, U)) == (4, 16)
-    assert users_interval(levels(P, P, P)) == (16, 16)
-    assert users_interval(levels(U, P, F)) == (0, 4)  # the first level too close to call: none for certain
+    assert users_interval(levels(P, P, P)) == (16, 16)  # the edge beyond the grid: 16 is what was judged
+    assert users_interval(levels(U, P, F)) == (0, 15)  # the first level too close to call: none for certain
     assert users_interval(levels(F, P, P)) == (0, 0)
     assert users_interval({1: LevelMetrics(requests=1, failed=0, meets_slo=True)}) is None  # not judged so
 

@@ -93,7 +93,8 @@ def memory_rule(policy: Gate, build: Measured) -> Rule:
 
 
 def cost_rule(policy: Gate, build: Measured) -> Rule:
-    """The build's $ per million output tokens for the card's traffic against `max_cost_per_mtok`."""
+    """The build's $ per million output tokens for the card's traffic against `max_cost_per_mtok`: PASS where
+    its conservative end is within it, INCONCLUSIVE where only its optimistic end is, else FAIL."""
     cost = build.cost
     where = f"cost: {cost.text()}" if cost else "cost: not measured or sized on the device judged"
     if policy.max_cost_per_mtok is None:
@@ -101,7 +102,13 @@ def cost_rule(policy: Gate, build: Measured) -> Rule:
     if cost is None or cost.usd_per_mtok is None:
         verdict = Verdict.FAIL if cost is not None and cost.why else Verdict.INCONCLUSIVE
         return Rule("cost", verdict, f"{where} vs max ${policy.max_cost_per_mtok:g}: {verdict}")
-    verdict = Verdict.PASS if cost.usd_per_mtok <= policy.max_cost_per_mtok else Verdict.FAIL
+    cheap = cost.usd_per_mtok_range[0] if cost.usd_per_mtok_range else cost.judged
+    if cost.judged is not None and cost.judged <= policy.max_cost_per_mtok:
+        verdict = Verdict.PASS  # the conservative end within it
+    elif cheap is not None and cheap <= policy.max_cost_per_mtok:
+        verdict = Verdict.INCONCLUSIVE  # the range straddles it: narrower users would decide
+    else:
+        verdict = Verdict.FAIL
     return Rule("cost", verdict, f"{where} vs max ${policy.max_cost_per_mtok:g} per 1M: {verdict}")
 
 
@@ -119,8 +126,9 @@ def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | N
 
     prefer "speed": the fastest; builds within `tie` of it count as equal and the smallest weights win.
     prefer "memory": the smallest weights; builds within `tie` of it count as equal and the fastest wins.
-    prefer "cost": the cheapest per million output tokens for the card's traffic; builds within `tie` of it
-    count as equal and the smallest weights win; a build without a cost there cannot be chosen.
+    prefer "cost": the cheapest per million output tokens for the card's traffic, on the conservative end of a
+    measured range (CostFigure.judged); builds within `tie` of it count as equal and the smallest weights win; a
+    build without a cost there cannot be chosen.
     """
     passed = [b for b in builds if b.verdict == Verdict.PASS]
     if not passed:
@@ -145,13 +153,13 @@ def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | N
 
 
 def _cheapest(passed: list[BuildVerdict], tie: float) -> tuple[str | None, str]:
-    priced = [b for b in passed if b.speed.cost and b.speed.cost.usd_per_mtok is not None]
+    priced = [b for b in passed if b.speed.cost and b.speed.cost.judged is not None]
     passing = ", ".join(b.precision for b in passed)
     if not priced:
         return None, f"no build that passed ({passing}) has a cost for the card's traffic on the device judged"
-    least = min(b.speed.cost.usd_per_mtok for b in priced)
-    ties = [b for b in priced if b.speed.cost.usd_per_mtok <= least * (1 + tie)]
-    pick = min(ties, key=lambda b: (b.speed.weights_gb, b.speed.cost.usd_per_mtok))
+    least = min(b.speed.cost.judged for b in priced)
+    ties = [b for b in priced if b.speed.cost.judged <= least * (1 + tie)]
+    pick = min(ties, key=lambda b: (b.speed.weights_gb, b.speed.cost.judged))
     others = [b.precision for b in ties if b is not pick]
     tied = f"; {', '.join(others)} within {tie:.0%} of it, so the smaller weights decide" if others else ""
     return pick.precision, f"cheapest among the builds that passed ({passing}): {pick.speed.cost.text()}{tied}"

@@ -32,6 +32,12 @@ class Cell:
     per: capacity.PerInstance | None  # None: no tensor-parallel degree holds the build
     cost: capacity.Cost
     price: float | None  # $ per device-hour, from the card
+    bounds: tuple[capacity.Cost, capacity.Cost] | None = None  # measured on intervals: conservative, optimistic
+
+    @property
+    def judged(self) -> capacity.Cost:
+        """The cost choices rest on: the conservative end where there is a range (eval/capacity.py)."""
+        return self.bounds[0] if self.bounds else self.cost
 
 
 @dataclass(frozen=True)
@@ -90,9 +96,13 @@ def _needed(card: ModelCard, per: capacity.PerInstance | None) -> float:
     return capacity.users_for_rate(t.rate_rps, per.e2e_s) if per and per.users else 0.0
 
 
-def _cell(card: ModelCard, device: str, per: capacity.PerInstance | None) -> Cell:
+def _cell(
+    card: ModelCard, device: str, per: capacity.PerInstance | None, levels: dict[int, LevelMetrics] | None = None
+) -> Cell:
     price = card.traffic.prices.get(device)
-    return Cell(device, per, capacity.cost(per, _needed(card, per), price), price)
+    ends = capacity.bounds(levels, per) if levels is not None and per is not None else None
+    costs = tuple(capacity.cost(p, _needed(card, p), price) for p in ends) if ends else None
+    return Cell(device, per, capacity.cost(per, _needed(card, per), price), price, costs)
 
 
 def _traffic_scenario(card: ModelCard) -> tuple[str, Scenario, Shape | None]:
@@ -110,7 +120,7 @@ def cells_of(card: ModelCard, precision: str) -> tuple[dict[str, Cell], dict[int
     cells, levels = {}, None
     if found := _measured(card, precision, name, sc):
         device, levels, how = found
-        cells[device] = _cell(card, device, capacity.measured(levels, how=how))
+        cells[device] = _cell(card, device, capacity.measured(levels, how=how), levels)
     sized = result_of(card.name, precision, Sized)
     if sized is not None and shape is not None:
         a = dataclasses.replace(sized.assumptions, mbu=t.projected_mbu, mfu=t.projected_mfu)
@@ -142,6 +152,7 @@ def cost_figure(card: ModelCard, precision: str) -> CostFigure | None:
         return None
     c, per = cell.cost, cell.per
     users = per.users if per else 0
+    ends = cell.bounds
     return CostFigure(
         device=cell.device,
         measured=bool(per and per.measured),
@@ -150,6 +161,11 @@ def cost_figure(card: ModelCard, precision: str) -> CostFigure | None:
         usd_per_hour=c.usd_per_hour,
         usd_per_mtok=c.usd_per_mtok,
         why=c.why,
+        users_range=per.users_range if per and ends else None,
+        devices_range=(ends[1].devices, ends[0].devices) if ends else None,
+        usd_per_mtok_range=(ends[1].usd_per_mtok, ends[0].usd_per_mtok)
+        if ends and c.usd_per_mtok is not None
+        else None,
     )
 
 
@@ -193,20 +209,33 @@ def _usd(x: float) -> str:
     return f"${x:,.2f}" if x >= 100 else f"${x:#.3g}"
 
 
+def _span(ends: tuple | None, show) -> str:
+    """ " [low, high]" of a measured range (the optimistic end first), "" without one."""
+    if ends is None:
+        return ""
+    return " [" + ", ".join(show(x) if x is not None else "none" for x in ends) + "]"
+
+
 def cell_text(cell: Cell) -> str:
-    """One cell: devices, $ per hour, $ per million tokens, $ per 1,000 requests, and whether measured."""
+    """One cell: devices, $ per hour, $ per million tokens, $ per 1,000 requests, and whether measured; where
+    the users within the objective are a range, the devices and $ per million tokens are ranges too (low to
+    high: the optimistic end first)."""
     c, per = cell.cost, cell.per
     if c.instances is None:
         return f"{c.why} ({'measured' if per and per.measured else 'projected'})"
+    ends = (cell.bounds[1], cell.bounds[0]) if cell.bounds else None
     unit = "machine" if cell.device == CPU else "GPU"
-    what = f"{c.devices} {unit}{'s' if c.devices > 1 else ''}" + (f", TP {per.devices}" if per.devices > 1 else "")
+    many = _span(ends and tuple(e.devices for e in ends), str)
+    what = f"{c.devices}{many} {unit}{'s' if c.devices > 1 or many else ''}"
+    what += f", TP {per.devices}" if per.devices > 1 else ""
     where = "measured" if per.measured else "projected"
-    users = f"{per.users:,} user{'s' if per.users > 1 else ''} each"
+    users = f"{per.users:,}{_span(per.users_range if ends else None, str)} user{'s' if per.users > 1 else ''} each"
     if c.usd_per_hour is None:
         hours = f"{c.devices} device-hour{'s' if c.devices > 1 else ''} per hour"
         return f"{what} ({users}; {hours}, no price in the card; {where})"
+    mtok = _span(ends and tuple(e.usd_per_mtok for e in ends), _usd)
     return (
-        f"{what} ({users}): {_usd(c.usd_per_hour)}/h, {_usd(c.usd_per_mtok)} per 1M output tokens, "
+        f"{what} ({users}): {_usd(c.usd_per_hour)}/h, {_usd(c.usd_per_mtok)}{mtok} per 1M output tokens, "
         f"{_usd(1000 * c.usd_per_request)} per 1,000 requests ({where})"
     )
 
@@ -222,7 +251,9 @@ def section(card: ModelCard, tab: Table | None) -> list[str]:
         "",
         f"Devices the traffic needs with every user within the objective (TTFT p95 <= {slo.ttft_ms:g} ms, TPOT "
         f"p95 <= {slo.tpot_ms:g} ms); $ per million output tokens and per 1,000 requests at one instance's "
-        "highest-throughput load within it. Measured cells come from a sweep on that device; projected ones "
+        "highest-throughput load within it. Measured cells come from a sweep on that device, with the range its "
+        "levels' intervals leave [optimistic, conservative] (eval/capacity.py; choices on cost rest on the "
+        "conservative end); projected ones "
         "from the model's bytes and FLOPs (eval/capacity.py: "
         f"{card.traffic.projected_mbu:.0%} of peak bandwidth, {card.traffic.projected_mfu:.0%} of peak FLOP/s, "
         "one prompt's prefill as TTFT, no queueing).",
@@ -248,9 +279,13 @@ def columns(tab: Table) -> dict[str, list]:
             "device",
             "source",
             "users_per_instance",
+            "users_lo",
+            "users_hi",
             "devices",
             "usd_per_hour",
             "usd_per_mtok",
+            "usd_per_mtok_lo",
+            "usd_per_mtok_hi",
             "usd_per_request",
             "why",
         )
@@ -259,14 +294,18 @@ def columns(tab: Table) -> dict[str, list]:
         for d, cell in r.cells.items():
             c, per = cell.cost, cell.per
             source = "measured" if per and per.measured else "projected"
+            users = per.users_range if per and per.users_range and cell.bounds else (None, None)
+            usd = (cell.bounds[1].usd_per_mtok, cell.bounds[0].usd_per_mtok) if cell.bounds else (None, None)
             values = (
                 r.precision,
                 d,
                 source,
                 per.users if per else 0,
+                *users,
                 c.devices,
                 c.usd_per_hour,
                 c.usd_per_mtok,
+                *usd,
                 c.usd_per_request,
                 c.why,
             )

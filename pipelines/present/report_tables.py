@@ -114,9 +114,22 @@ def _range(served: Served) -> str:
     """Users within the objective as the levels' p95 intervals bound them, and each level's verdict on them."""
     if served.users_at_slo_interval is None:
         return ""
-    lo, hi = served.users_at_slo_interval
     levels = ", ".join(f"{c} {m.slo_verdict}" for c, m in sorted(served.per_level.items()))
-    return f"; on the p95s' 95 % intervals over requests, {lo} to {hi} users ({levels})"
+    return f"; {users_range(served)} ({levels})"
+
+
+def users_range(served: Served) -> str:
+    """ "on the p95s' 95 % intervals over requests, 4 to 9 users", with the levels the edge search added and
+    why the levels have the requests they have; "" where the levels were not judged on intervals."""
+    if served.users_at_slo_interval is None:
+        return ""
+    lo, hi = served.users_at_slo_interval
+    text = f"on the p95s' 95 % intervals over requests, {lo} to {hi} users"
+    if added := sorted(set(served.per_level) - set(served.load.concurrency)):
+        text += f"; levels {', '.join(map(str, added))} added toward the objective's edge"
+    if sizing := sorted({m.sizing for m in served.per_level.values() if m.sizing}):
+        text += f"; requests per level: {'; '.join(sizing)}"
+    return text
 
 
 def policy_text(decision: Decision) -> str:

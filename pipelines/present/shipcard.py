@@ -17,7 +17,7 @@ from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import AtShape, Quantized, Served
 from pipelines.core.store.verdicts import BuildVerdict, Decision
 from pipelines.present import capacity, formats
-from pipelines.present.report_tables import STOP_TEXT
+from pipelines.present.report_tables import STOP_TEXT, users_range
 from quant.precisions import get_precision, kv_cache_dtype
 
 
@@ -117,16 +117,18 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
             f"closed-loop, {served.load.requests_per_user} requests per user; objective TTFT p95 <= "
             f"{served.slo.ttft_ms:g} ms, TPOT p95 <= {served.slo.tpot_ms:g} ms.",
             "",
-            "| users | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s | within the objective | on the p95s' "
-            "intervals | the server's view |",
-            "|---|---|---|---|---|---|---|",
+            "| users | requests | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s | within the objective | on "
+            "the p95s' intervals | the server's view |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for c, m in served.per_level.items():
             view = server_view.cause(m.server) if m.server is not None and not m.meets_slo else ""
             lines.append(
-                f"| {c} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} | "
-                f"{m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} | {m.slo_verdict or ''} | {view} |"
+                f"| {c} | {m.requests} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} "
+                f"| {m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} | {m.slo_verdict or ''} | {view} |"
             )
+        if within := users_range(served):
+            lines += ["", f"Users within the objective: {served.max_users_at_slo} by the p95s themselves; {within}."]
     if shaped is not None:
         for name, sw in shaped.scenarios.items():
             held = "probed, too slow to sweep" if sw.probe else f"{sw.max_users_at_slo} users within the objective"

@@ -156,6 +156,7 @@ def serve(
         api=srv.api,
         concurrency=s.concurrency,
         requests_per_user=srv.requests_per_user,
+        edge=srv.edge,
         warmup=srv.warmup,
         input_len=scenario.input_len,
         output_len=scenario.output_len,
@@ -274,17 +275,17 @@ def _sweep(
     where = f"the server at {url}" if url else f"its log {out / 'server.log'}"
 
     scores: ServedAccuracy | None = None
-    views: dict = {}  # the server's own view of each level, where it exports vLLM's metrics
+    seen = sweep.Seen()  # the server's own view of each level, where it exports vLLM's metrics; their sizing
     if launch is None:
         model = served_model(url or "", checkpoint)
-        records = sweep.run_levels(label, url or "", model, load, prompts, slo, where, views)
+        records = sweep.run_levels(label, url or "", model, load, prompts, slo, where, seen)
         sweep.check_alive(label, url or "", records, out, where)
     else:
         cmd, env = launch
         what = f"{engine} serve for {label}"
         log.info("starting %s (log: %s)", what, out / "server.log")
         with running(cmd, out / "server.log", card.server.start_timeout_s, what, {**offline_env(card), **env}) as base:
-            records = sweep.run_levels(label, base, checkpoint, load, prompts, slo, where, views)
+            records = sweep.run_levels(label, base, checkpoint, load, prompts, slo, where, seen)
             sweep.check_alive(label, base, records, out, where)
             if scored is not None:
                 log.info("%s: lm-eval %s against the server", label, ", ".join(scored.tasks))
@@ -296,7 +297,7 @@ def _sweep(
         load=load,
         slo=objective,
         generator_ceiling=ceiling,
-        **sweep.levels_summary(records, slo, ceiling, views),
+        **sweep.levels_summary(records, slo, ceiling, seen),
     )
     if settings is not None:
         kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)

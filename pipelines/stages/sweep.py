@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import eval.edge as edge
 import eval.loadgen as loadgen
 import eval.server_view as server_view
 import eval.serving as serving
@@ -61,6 +64,15 @@ def _measure_ceiling(work: Path, concurrency: int, requests_per_user: int) -> Ge
     return GeneratorCeiling(chunks_per_s=chunks / span, concurrency=concurrency, failed=len(records) - len(ok))
 
 
+@dataclass
+class Seen:
+    """What a sweep learns beside its requests: the server's own view of each level (its /metrics before and
+    after; eval/server_view.py), where it has one, and why each level has the requests it has."""
+
+    views: dict[int, server_view.ServerView] = field(default_factory=dict)
+    sizing: dict[int, str] = field(default_factory=dict)
+
+
 def run_levels(
     label: str,
     base_url: str,
@@ -69,23 +81,56 @@ def run_levels(
     prompts: Sequence[loadgen.Prompt],
     slo: serving.Slo,
     where: str,
-    views: dict[int, server_view.ServerView] | None = None,
+    seen: Seen | None = None,
 ) -> list[serving.RequestRecord]:
-    """Sweep the server at `base_url` over `load`'s levels, a progress line per level; `where` names what to
-    read when it fails (its log, or the URL of a server the user runs). `views`, where given, gets the server's
-    own view of each level (its /metrics before and after; eval/server_view.py), where it has one."""
+    """Sweep the server at `base_url` over `load`'s levels, a progress line per level, then (where `load.edge`
+    says) the levels that bisect toward the objective's edge, each level with the requests its p95s' intervals
+    need (eval/edge.py); `where` names what to read when it fails (its log, or the URL of a server the user
+    runs). `seen`, where given, gets the server's own view of each level and why it has its requests."""
     before: dict[int, server_view.Snapshot | None] = {}
+    verdicts: dict[int, serving.Verdict] = {}
+    search = load.edge
+    began = time.monotonic()
+    added = 0  # levels the edge search has added
+
+    def in_time() -> bool:  # the grid runs whole; past max_s nothing more is added
+        return search is not None and time.monotonic() - began < search.max_s
 
     def starting(c: int) -> None:
-        if views is not None:
+        if seen is not None:
             before[c] = server_view.read(base_url)
 
-    def level_done(c: int, level: list[serving.RequestRecord]) -> None:
-        if views is not None and before.get(c) is not None and (after := server_view.read(base_url)) is not None:
-            views[c] = server_view.between(before[c], after)
+    def more(c: int, level: list[serving.RequestRecord]) -> bool:
+        """Another round at level c while a p95's interval is too wide, within the card's bounds; the
+        level's reason for its requests noted."""
+        if search is None:
+            return False
         m = serving.level_metrics(level, slo)
+        share = search.interval_share
+        wide = edge.too_wide(m.ttft_ms_p95_interval, slo.ttft_ms, share) or edge.too_wide(
+            m.tpot_ms_p95_interval, slo.tpot_ms, share
+        )
+        if m.slo_verdict == serving.Verdict.FAIL:
+            why = edge.MISSED
+        elif not wide:
+            why = edge.SIZED.format(share=share)
+        elif len(level) + c * load.requests_per_user > c * search.max_requests_per_user:
+            why = edge.CAPPED.format(n=search.max_requests_per_user)
+        elif not in_time():
+            why = edge.TIMED.format(s=search.max_s)
+        else:
+            return True
+        if seen is not None:
+            seen.sizing[c] = why
+        return False
+
+    def level_done(c: int, level: list[serving.RequestRecord]) -> None:
+        if seen is not None and before.get(c) is not None and (after := server_view.read(base_url)) is not None:
+            seen.views[c] = server_view.between(before[c], after)
+        m = serving.level_metrics(level, slo)
+        verdicts[c] = m.slo_verdict
         log.info(
-            "%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s",
+            "%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s, %s",
             label,
             c,
             m.requests,
@@ -93,6 +138,7 @@ def run_levels(
             m.ttft_ms_p50 or float("nan"),
             m.tpot_ms_p50 or float("nan"),
             m.output_tps or 0.0,
+            m.slo_verdict,
         )
         if m.bursts:
             log.warning(
@@ -110,9 +156,25 @@ def run_levels(
                 f"asked lengths ({bad[0]}): the level measures something else; see {where}"
             )
 
+    def then() -> int | None:
+        nonlocal added
+        if search is None or added >= search.levels or not in_time():
+            return None
+        c = edge.next_level(verdicts, search.tolerance)
+        if c is not None:
+            added += 1
+            log.info(
+                "%s: concurrency %d next, toward the objective's edge (added level %d of %d)",
+                label,
+                c,
+                added,
+                search.levels,
+            )
+        return c
+
     try:
         cfg = loadgen.LoadConfig(url=base_url, model=model, **load.model_dump())
-        return loadgen.sweep(cfg, prompts, level_done, starting)
+        return loadgen.sweep(cfg, prompts, level_done, starting, more, then)
     except RuntimeError as e:
         raise QevalError(f"{label} server: {e}; check {where}") from None
 
@@ -134,12 +196,15 @@ def levels_summary(
     records: list[serving.RequestRecord],
     slo: serving.Slo,
     ceiling: GeneratorCeiling,
-    views: dict[int, server_view.ServerView] | None = None,
+    seen: Seen | None = None,
 ) -> dict:
     """The fields of a sweep's result that its records give: per level, users within the SLO, failures, and
-    whether the generator's ceiling bounds the figures; each level with the server's own view where read."""
+    whether the generator's ceiling bounds the figures; each level with the server's own view where read and
+    why it has its requests."""
+    seen = seen or Seen()
     per_level = {
-        c: m.model_copy(update={"server": (views or {}).get(c)}) for c, m in serving.sweep_metrics(records, slo).items()
+        c: m.model_copy(update={"server": seen.views.get(c), "sizing": seen.sizing.get(c)})
+        for c, m in serving.sweep_metrics(records, slo).items()
     }
     peak = max((m.output_tps or 0.0 for m in per_level.values()), default=0.0)
     bound = ceiling.chunks_per_s < 10 * peak

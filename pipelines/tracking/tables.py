@@ -144,6 +144,13 @@ GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
     "cost/devices": lambda b: b.speed.cost.devices if b.speed.cost else None,
     "cost/users_per_instance": lambda b: b.speed.cost.users_per_instance if b.speed.cost else None,
     "cost/measured": lambda b: float(b.speed.cost.measured) if b.speed.cost else None,  # 1 measured, 0 projected
+    # its range where measured on intervals: _lo the optimistic end, _hi the conservative (CostFigure)
+    "cost/usd_per_mtok_lo": lambda b: (
+        b.speed.cost and b.speed.cost.usd_per_mtok_range and b.speed.cost.usd_per_mtok_range[0]
+    ),
+    "cost/usd_per_mtok_hi": lambda b: (
+        b.speed.cost and b.speed.cost.usd_per_mtok_range and b.speed.cost.usd_per_mtok_range[1]
+    ),
 }
 
 GATE_TASK = "gate/{task}/"
@@ -246,6 +253,7 @@ LOAD_SETTINGS = {
     "exact_length": "server.exact_length",
     "timeout_s": "server.timeout_s",
     "warmup_timeout_s": "server.warmup_timeout_s",
+    "edge": "server.edge",
 }
 SHAPE_LOAD_SETTINGS = {k: v.replace("server.", "shape.{scenario}.", 1) for k, v in LOAD_SETTINGS.items()}
 SHAPE_VLLM_SETTINGS = {k: v.replace("server.", "shape.", 1) for k, v in VLLM_SETTINGS.items()}

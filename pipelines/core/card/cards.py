@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from eval.edge import EdgeSearch
 from eval.gpus import get_gpu
 from pipelines.core.card.card_errors import UniqueKeys, describe
 from pipelines.core.card.gating import Gate
@@ -198,6 +199,7 @@ class Server(_Strict):
     )
     api: Literal["completions", "chat"] = Field("completions", description="endpoint the load generator drives")
     requests_per_user: PositiveInt = Field(4, description="measured requests per level = concurrency x this")
+    edge: EdgeSearch = Field(EdgeSearch(), description="levels added toward the objective's edge; requests per level")
     warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency before the sweep")
     timeout_s: float = Field(120, gt=0, description="per request; a request that takes longer fails")
     warmup_timeout_s: float | None = Field(

@@ -45,6 +45,16 @@ class CostFigure:
     usd_per_hour: float | None
     usd_per_mtok: float | None  # $ per million output tokens
     why: str | None = None
+    # measured on intervals (eval/capacity.py, `bounds`): low to high, the optimistic end first; None in the
+    # $ where that end holds no user for certain (or there is no price)
+    users_range: tuple[int, int] | None = None
+    devices_range: tuple[int | None, int | None] | None = None
+    usd_per_mtok_range: tuple[float | None, float | None] | None = None
+
+    @property
+    def judged(self) -> float | None:
+        """The $ per million output tokens choices rest on: the conservative end where there is a range."""
+        return self.usd_per_mtok_range[1] if self.usd_per_mtok_range else self.usd_per_mtok
 
     def text(self) -> str:
         where = "measured" if self.measured else "projected"
@@ -52,9 +62,17 @@ class CostFigure:
             return f"on {self.device}: {self.why} ({where})"
         if self.usd_per_mtok is None:
             return f"on {self.device}: {self.devices} devices, no price ({where})"
+        if self.usd_per_mtok_range is None:
+            return (
+                f"${self.usd_per_mtok:.3g} per 1M output tokens on {self.device} ({self.devices} devices, "
+                f"${self.usd_per_hour:,.2f}/h; {where})"
+            )
+        cheap, dear = (f"${x:.3g}" if x is not None else "none for certain" for x in self.usd_per_mtok_range)
+        few, many = (str(n) if n is not None else "-" for n in self.devices_range or (None, None))
+        judged = f"${self.judged:.3g}" if self.judged is not None else "no cost (no user for certain)"
         return (
-            f"${self.usd_per_mtok:.3g} per 1M output tokens on {self.device} ({self.devices} devices, "
-            f"${self.usd_per_hour:,.2f}/h; {where})"
+            f"${self.usd_per_mtok:.3g} [{cheap}, {dear}] per 1M output tokens on {self.device} ({self.devices} "
+            f"[{few}, {many}] devices, ${self.usd_per_hour:,.2f}/h; {where}; judged on {judged}, the conservative end)"
         )
 
 

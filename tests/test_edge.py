@@ -1,0 +1,124 @@
+"""The search for the objective's edge (eval/edge.py): bisection on concurrency after the grid, by hand and
+against a judge whose edge is known, and a real sweep of a loopback server whose first token waits a known
+time for every request in flight."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+from eval.edge import EdgeSearch, next_level, too_wide
+from eval.serving import LevelMetrics, users_interval
+from eval.stats import Verdict
+
+P, U, F = Verdict.PASS, Verdict.INCONCLUSIVE, Verdict.FAIL  # met, too close to call, missed
+
+
+def test_the_next_level_bisects_the_widest_gap_by_hand():
+    assert next_level({1: P, 4: P, 16: F}, 1) == 10
+    assert next_level({1: P, 4: P, 10: P, 16: F}, 1) == 13
+    assert next_level({1: P, 4: P, 10: P, 13: F, 16: F}, 1) == 11
+    assert next_level({1: P, 4: P, 10: P, 11: F, 13: F, 16: F}, 1) is None  # 10 met, 11 missed: found
+    assert next_level({1: P, 4: P, 10: P, 13: F, 16: F}, 3) is None  # within the tolerance
+    assert next_level({1: P, 4: U, 16: F}, 1) == 10  # too close to call: inside the range, both sides narrowed
+    assert next_level({1: P, 4: U, 10: U, 16: F}, 1) == 13
+    assert next_level({1: U, 4: F}, 1) == 2  # from no user for certain
+    assert next_level({1: F, 4: F}, 1) is None  # not even one user: nothing below to look at
+    assert next_level({1: P, 4: P, 16: P}, 1) is None  # none missed: no edge within the grid
+    assert next_level({1: P, 4: F, 16: P}, 1) == 2  # a level met above one missed does not count
+
+
+@pytest.mark.parametrize("grid", [(1, 4, 16), (1, 8, 64), (2, 3)])
+def test_the_search_finds_a_known_edge_within_its_levels(grid):
+    """Against a judge whose users within the objective are `edge` (PASS up to it, FAIL past it), for every
+    edge the grid brackets: the range is exactly the edge, in at most ceil(log2(gap)) added levels."""
+    for edge in range(0, max(grid)):
+        verdicts = {c: P if c <= edge else F for c in grid}
+        added = 0
+        while (c := next_level(verdicts, 1)) is not None:
+            assert c not in verdicts
+            verdicts[c] = P if c <= edge else F
+            added += 1
+        judged = {c: LevelMetrics(requests=1, failed=0, meets_slo=v == P, slo_verdict=v) for c, v in verdicts.items()}
+        assert users_interval(judged) == (edge, edge), (grid, edge, verdicts)
+        met = max((c for c in grid if c <= edge), default=0)
+        missed = min(c for c in grid if c > edge)
+        assert added <= math.ceil(math.log2(missed - met)), (grid, edge, added)
+
+
+def test_a_level_is_sized_on_its_intervals_width():
+    assert too_wide((180.0, 230.0), 200.0, 0.1)  # 50 ms wide against 20
+    assert not too_wide((190.0, 205.0), 200.0, 0.1)
+    assert not too_wide(None, 200.0, 0.1)  # unmeasured: more of the same would not measure it
+
+
+def test_the_card_section_refuses_what_it_cannot_do():
+    from pydantic import ValidationError
+
+    for bad in ({"levels": -1}, {"tolerance": 0}, {"interval_share": 0}, {"max_s": 0}, {"levels": 1000}, {"x": 1}):
+        with pytest.raises(ValidationError):
+            EdgeSearch(**bad)
+
+
+def _sweep_stub(tmp_path, search: EdgeSearch, ms_per_user: float, ttft_ms: float) -> dict:
+    """A real sweep (eval/loadgen.py, pipelines/stages/sweep.py) of the stub over 1, 4 and 16 users, its
+    first token waiting `ms_per_user` for every request in flight; the sweep's summary."""
+    import eval.loadgen as loadgen
+    import eval.serving as serving
+    import eval.stream_stub as stream_stub
+    from pipelines.core.system.procs import running
+    from pipelines.stages import sweep
+
+    cmd = [sys.executable, "-m", stream_stub.__name__, "--port", "{port}", "--ms-per-user", str(ms_per_user)]
+    load = loadgen.LoadSettings(
+        api="completions",
+        concurrency=[1, 4, 16],
+        requests_per_user=3,
+        warmup=1,
+        input_len=1,
+        output_len=2,  # two tokens: a TPOT, and no burst rule (more than 2 tokens at once)
+        timeout_s=30,
+        edge=search,
+    )
+    slo = serving.Slo(ttft_ms=ttft_ms, tpot_ms=1000)
+    seen = sweep.Seen()
+    with running(cmd, tmp_path / "stub.log", 60, "the stub endpoint") as url:
+        records = sweep.run_levels("stub", url, "stub", load, ["x"] * loadgen.prompts_needed(load), slo, "log", seen)
+    ceiling = sweep.GeneratorCeiling(chunks_per_s=1e6, concurrency=1, failed=0)
+    return sweep.levels_summary(records, slo, ceiling, seen)
+
+
+@pytest.mark.integration
+def test_a_sweep_finds_the_edge_of_a_server_whose_latency_grows_with_its_users(tmp_path):
+    """The stub's first token waits 20 ms per request in flight: 10 users wait 200 ms, 11 wait 220 ms, so
+    with TTFT p95 <= 210 ms the edge is 10 users. The grid 1, 4, 16 brackets it; the search finds it, to
+    9 or 10 for certain where the stub's own delays leave 10 too close to call."""
+    search = EdgeSearch(levels=6, tolerance=1, interval_share=0.1, max_requests_per_user=6, max_s=120)
+    summary = _sweep_stub(tmp_path, search, 20, 210)
+    levels = summary["per_level"]
+    added = sorted(set(levels) - {1, 4, 16})
+    lo, hi = summary["users_at_slo_interval"]
+    assert lo in (9, 10) and hi == 10, {c: (m.ttft_ms_p95, m.slo_verdict) for c, m in levels.items()}
+    assert summary["max_users_at_slo"] in (9, 10)
+    assert {10, 11} <= set(added) and len(added) <= search.levels
+    assert levels[16].sizing == "missed wholly"
+    assert all(m.sizing for m in levels.values())  # each level says why it has its requests
+    assert all(m.requests <= c * search.max_requests_per_user for c, m in levels.items())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("max_s", "per_user", "says"),
+    [(120, 6, "stopped at the card's 6 requests per user"), (0.001, 3, "stopped at the card's 0.001 s for a sweep")],
+)
+def test_a_level_gets_more_requests_while_its_interval_is_wide_within_the_cards_bounds(tmp_path, max_s, per_user, says):
+    """An interval share no level reaches: every level is given rounds up to the card's requests per user, or
+    none past its first where the card's time is spent (the grid still runs whole), and says which; no level
+    is added where the grid finds no edge."""
+    search = EdgeSearch(levels=3, interval_share=1e-6, max_requests_per_user=6, max_s=max_s)
+    levels = _sweep_stub(tmp_path, search, 5, 1000)["per_level"]
+    assert set(levels) == {1, 4, 16}
+    for c, m in levels.items():
+        assert m.requests == per_user * c and m.sizing == says, (c, m)
