@@ -211,7 +211,7 @@ def _usd(x: float) -> str:
 
 def _span(ends: tuple | None, show) -> str:
     """ " [low, high]" of a measured range (the optimistic end first), "" without one."""
-    if ends is None:
+    if ends is None or ends[0] == ends[1]:
         return ""
     return " [" + ", ".join(show(x) if x is not None else "none" for x in ends) + "]"
 

@@ -5,6 +5,8 @@ builds' finished stages.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import eval.server_view as server_view
 from eval.sizing import Fit
 from eval.stats import Verdict
@@ -57,7 +59,7 @@ def short_table(decision: Decision) -> list[str]:
     speed = "goodput req/s" if decision.policy.speed_regime == "server" else "decode tok/s per user"
     lines = [
         f"| build | verdict | worst recovery [{decision.policy.confidence:.0%} interval] | weights | {speed} "
-        "| users within the SLO | kernels |",
+        "| users within the SLO [on intervals] | kernels |",
         "|---|---|---|---|---|---|---|",
     ]
     rows = [(decision.policy.baseline, "baseline", None, decision.baseline)]
@@ -72,6 +74,8 @@ def short_table(decision: Decision) -> list[str]:
             worst = f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {task}"
         figure = f"{m.goodput or 0:.3g}" if m.regime == "server" else f"{m.decode_tps:.4g}"
         users = "" if m.users_at_slo is None else str(m.users_at_slo)
+        if m.users_range is not None and users:
+            users += f" [{m.users_range[0]}, {m.users_range[1]}]"
         lines.append(
             f"| {precision} | {verdict} | {worst} | {formats.size(m.weights_gb)} | {figure} | {users} | {m.execution} |"
         )
@@ -127,8 +131,9 @@ def users_range(served: Served) -> str:
     text = f"on the p95s' 95 % intervals over requests, {lo} to {hi} users"
     if added := sorted(set(served.per_level) - set(served.load.concurrency)):
         text += f"; levels {', '.join(map(str, added))} added toward the objective's edge"
-    if sizing := sorted({m.sizing for m in served.per_level.values() if m.sizing}):
-        text += f"; requests per level: {'; '.join(sizing)}"
+    if sizing := Counter(m.sizing for m in served.per_level.values() if m.sizing):
+        each = (f"{why} ({n} level{'s' if n > 1 else ''})" for why, n in sizing.most_common())
+        text += f"; requests per level: {'; '.join(each)}"
     return text
 
 

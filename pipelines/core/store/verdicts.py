@@ -88,6 +88,7 @@ class Measured:
     engine: str = ""  # engine: how generate() ran (cache, compiled or eager); server: the serving engine
     goodput: float | None = None  # server: requests/s that met the SLO at the judged users
     users_at_slo: int | None = None  # server: the most concurrent users that met the SLO
+    users_range: tuple[int, int] | None = None  # server: those users on the levels' intervals (eval/serving.py)
     cost: CostFigure | None = None  # where the card states its traffic
 
     @property
