@@ -122,3 +122,45 @@ def test_a_level_gets_more_requests_while_its_interval_is_wide_within_the_cards_
     assert set(levels) == {1, 4, 16}
     for c, m in levels.items():
         assert m.requests == per_user * c and m.sizing == says, (c, m)
+
+
+def test_the_report_says_the_range_the_levels_added_and_why_each_has_its_requests():
+    from eval.loadgen import LoadSettings
+    from pipelines.core.card.cards import Slo
+    from pipelines.core.store.results import GeneratorCeiling, Served
+    from pipelines.present.report_tables import users_range
+
+    def judged(v: Verdict, sizing: str) -> LevelMetrics:
+        return LevelMetrics(requests=12, failed=0, meets_slo=v == P, slo_verdict=v, sizing=sizing)
+
+    def served(levels: dict[int, LevelMetrics]) -> Served:
+        load = LoadSettings(
+            api="completions",
+            concurrency=[1, 4, 16],
+            requests_per_user=3,
+            warmup=0,
+            input_len=1,
+            output_len=2,
+            timeout_s=1,
+        )
+        return Served(
+            engine="vllm",
+            execution="native",
+            load=load,
+            slo=Slo(ttft_ms=200, tpot_ms=25),
+            per_level=levels,
+            max_users_at_slo=8,
+            users_at_slo_interval=users_interval(levels),
+            failed_requests=0,
+            generator_ceiling=GeneratorCeiling(chunks_per_s=1e6, concurrency=1, failed=0),
+            generator_bound=False,
+        )
+
+    ok, hit = "p95 intervals within 10% of the objective", "missed wholly"
+    text = users_range(
+        served({1: judged(P, ok), 4: judged(P, ok), 8: judged(U, ok), 10: judged(F, hit), 16: judged(F, hit)})
+    )
+    assert "4 to 9 users; levels 8, 10 added toward the objective's edge" in text
+    assert f"requests per level: {ok} (3 levels); {hit} (2 levels)" in text
+    beyond = users_range(served({1: judged(P, ok), 4: judged(P, ok), 16: judged(P, ok)}))
+    assert "16 to 16 users (none missed: the edge lies beyond the largest level judged)" in beyond

@@ -124,6 +124,9 @@ def test_a_level_meets_misses_or_is_too_close_to_call_on_its_intervals():
     assert level_verdict(0, (250.0, 210.0, 300.0), good_tpot, slo) == Verdict.FAIL
     assert level_verdict(0, (150.0, 120.0, 190.0), (30.0, 26.0, 40.0), slo) == Verdict.FAIL
     assert level_verdict(1, (150.0, 120.0, 190.0), good_tpot, slo) == Verdict.FAIL  # a failed request
+    # a request not streamed: met no longer, missed only where its TTFT (its whole decode) says so
+    assert level_verdict(0, (150.0, 120.0, 190.0), good_tpot, slo, bursts=1) == Verdict.INCONCLUSIVE
+    assert level_verdict(0, (250.0, 210.0, 300.0), good_tpot, slo, bursts=1) == Verdict.FAIL
 
 
 def test_users_within_the_objective_are_a_range_over_the_judged_levels():

@@ -129,6 +129,8 @@ def users_range(served: Served) -> str:
         return ""
     lo, hi = served.users_at_slo_interval
     text = f"on the p95s' 95 % intervals over requests, {lo} to {hi} users"
+    if not any(m.slo_verdict == Verdict.FAIL for m in served.per_level.values()):
+        text += " (none missed: the edge lies beyond the largest level judged)"
     if added := sorted(set(served.per_level) - set(served.load.concurrency)):
         text += f"; levels {', '.join(map(str, added))} added toward the objective's edge"
     if sizing := Counter(m.sizing for m in served.per_level.values() if m.sizing):

@@ -285,7 +285,7 @@ class Served(StageResult, ServedOn):
     per_level: dict[int, LevelMetrics]
     max_users_at_slo: int
     users_at_slo_interval: tuple[int, int] | None = Field(
-        None, description="users within the objective as a range over the grid, by each level's p95 intervals"
+        None, description="users within the objective as a range over the judged levels (eval/serving.py)"
     )
     failed_requests: int
     generator_ceiling: GeneratorCeiling
