@@ -34,11 +34,6 @@ class Cell:
     price: float | None  # $ per device-hour, from the card
     bounds: tuple[capacity.Cost, capacity.Cost] | None = None  # measured on intervals: conservative, optimistic
 
-    @property
-    def judged(self) -> capacity.Cost:
-        """The cost choices rest on: the conservative end where there is a range (eval/capacity.py)."""
-        return self.bounds[0] if self.bounds else self.cost
-
 
 @dataclass(frozen=True)
 class Row:
