@@ -212,7 +212,8 @@ def test_int8_is_served_natively_streamed_stopped_and_scored_as_offline(pipeline
     assert [(k["kernel"], k["execution"]) for k in s["kernels"]] == [("CPUInt8ScaledMMLinearKernel", "native")]
     assert s["vllm"]["enforce_eager"] and s["vllm"]["max_model_len"] == 514
     records = read_csv(path / "requests.csv")
-    assert len(records) == 6 and all(r.ok for r in records), [r.error for r in records if not r.ok]
+    asked = sum(m["requests"] for m in s["per_level"].values())  # the grid's 6, and any rounds server.edge added
+    assert len(records) == asked >= 6 and all(r.ok for r in records), [r.error for r in records if not r.ok]
     assert {r.output_tokens for r in records} == {8} and s["load"]["exact_length"] == "ignore_eos"
     assert all(len(r.token_times) >= 2 and r.start < r.first_token <= r.end for r in records)  # streamed
     # stopped with everything it started: no server, engine core or worker left

@@ -79,5 +79,7 @@ def test_a_server_the_user_runs_is_driven_by_url(own_root, tmp_path):
     assert record.result.engine == "external" and record.result.failed_requests == 0
     assert card.server.served_accuracy and "served accuracy" in record.result.not_run  # said, not dropped silently
     records = read_csv(record.path / "requests.csv")
-    assert len(records) == 6 and all(r.ok for r in records)
+    levels = record.result.per_level  # the grid's 6 requests, and the rounds its intervals asked for (server.edge)
+    assert len(records) == sum(m.requests for m in levels.values()) >= 6 and all(r.ok for r in records)
+    assert all(m.sizing for m in levels.values())
     assert not (record.path / "server.log").exists()  # not ours to start, nor to log
