@@ -169,7 +169,7 @@ def test_sigterm_stops_the_server_and_fails_the_stage(own_root):
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-2000:]
-    assert "interrupted" in stderr.strip().splitlines()[-1]
+    assert "interrupted" in stderr.strip().splitlines()[-1], stderr[-3000:]
     assert processes_naming(str(build / "quantize" / "checkpoint")) == []  # stopped with its children
     assert not (build / "serve" / "manifest.json").exists() and (build / "serve.failed").is_dir()
 
