@@ -208,7 +208,7 @@ def test_users_within_the_objective_as_a_range_make_cost_a_range_by_hand():
 
 
 def _ranged(name: str, weights: float, usd: tuple[float | None, float | None]) -> BuildVerdict:
-    cost = CostFigure("cpu", True, 8, 8, 0.8, usd[0], None, (4, 12), (6, 16), usd)
+    cost = CostFigure("cpu", True, 8, 8, 0.8, usd[0], None, (6, 16), usd)
     speed = Measured(50.0, weights + 1, weights, Execution.NATIVE, cost=cost)
     return BuildVerdict(precision=name, verdict=Verdict.PASS, rules=[], tasks={}, speed=speed, speedup=None)
 

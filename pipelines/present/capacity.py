@@ -156,7 +156,6 @@ def cost_figure(card: ModelCard, precision: str) -> CostFigure | None:
         usd_per_hour=c.usd_per_hour,
         usd_per_mtok=c.usd_per_mtok,
         why=c.why,
-        users_range=per.users_range if per and ends else None,
         devices_range=(ends[1].devices, ends[0].devices) if ends else None,
         usd_per_mtok_range=(ends[1].usd_per_mtok, ends[0].usd_per_mtok)
         if ends and c.usd_per_mtok is not None

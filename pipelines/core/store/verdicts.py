@@ -47,7 +47,6 @@ class CostFigure:
     why: str | None = None
     # measured on intervals (eval/capacity.py, `bounds`): low to high, the optimistic end first; None in the
     # $ where that end holds no user for certain (or there is no price)
-    users_range: tuple[int, int] | None = None
     devices_range: tuple[int | None, int | None] | None = None
     usd_per_mtok_range: tuple[float | None, float | None] | None = None
 
