@@ -5,7 +5,8 @@ mean time to first token, per output token, in the queue and in prefill (a histo
 Gauges (requests running and waiting, KV-cache use) are what they are when read: after a closed-loop level
 they are its tail, so the level's peak is not among them. Which of these broke the objective at a level is
 `cause`'s reading: queueing where the requests waited most of their first token's time, a full KV cache where
-the server preempted requests, else the work itself (prefill and decode time). Names as vLLM 0.32 exports them
+the server preempted requests, delivery where the engine made the first tokens in time and the client got them
+late and in one burst, else the work itself (prefill and decode time). Names as vLLM 0.32 exports them
 (vllm/v1/metrics/loggers.py); a server without them (transformers serve, one the user runs) gives none.
 """
 
@@ -98,8 +99,21 @@ def between(before: Snapshot, after: Snapshot) -> ServerView:
     )
 
 
-def cause(view: ServerView) -> str:
-    """What the server's view says broke a level's objective, in a few words."""
+DELIVERY_FACTOR = 2.0
+"""How many times the engine's own mean first token the client's TTFT p95 must be, with requests delivered in
+one burst, for a level to be called broken after the engine: the engine had the tokens, the user did not."""
+
+
+def cause(view: ServerView, bursts: int = 0, client_ttft_ms_p95: float | None = None) -> str:
+    """What the server's view says broke a level's objective, in a few words; with the level's bursts and its
+    TTFT p95 as the client saw it, a level whose first tokens were late after the engine made them says so."""
+    engine = view.ttft_ms_mean
+    if bursts and engine and client_ttft_ms_p95 and client_ttft_ms_p95 >= DELIVERY_FACTOR * engine:
+        return (
+            f"delivery after the engine: {bursts} requests' tokens arrived in one burst, TTFT p95 "
+            f"{client_ttft_ms_p95:.0f} ms at the client against the engine's mean first token {engine:.0f} ms "
+            f"(the server's front end or the client short of CPU)"
+        )
     if view.preemptions:
         return f"the KV cache filled: {view.preemptions:.0f} requests preempted"
     if view.queue_ms_mean is not None and view.ttft_ms_mean and view.queue_ms_mean >= view.ttft_ms_mean / 2:

@@ -122,7 +122,9 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
             "|---|---|---|---|---|---|---|---|",
         ]
         for c, m in served.per_level.items():
-            view = server_view.cause(m.server) if m.server is not None and not m.meets_slo else ""
+            view = ""
+            if m.server is not None and not m.meets_slo:
+                view = server_view.cause(m.server, m.bursts, m.ttft_ms_p95)
             lines.append(
                 f"| {c} | {m.requests} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} "
                 f"| {m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} | {m.slo_verdict or ''} | {view} |"
