@@ -15,6 +15,7 @@ generator against vLLM's own client").
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -234,7 +235,45 @@ async def run_level(
     return sorted(records, key=lambda r: r.index)
 
 
+TICK_S = 0.01
+"""How often the sweep's ticker wakes to see whether its own event loop is held up."""
+STALL_S = 0.02
+"""A wake-up later than this is a stall of the load generator (busy, or not given a core), recorded."""
+
+
+async def _ticker(stalls: list[tuple[float, float]]) -> None:
+    """Wake every TICK_S until cancelled; a wake-up later than STALL_S past its time is (from, to) of a stall:
+    while the loop was held, no chunk that arrived was read, so its tokens would look late and bunched."""
+    while True:
+        due = time.perf_counter() + TICK_S
+        await asyncio.sleep(TICK_S)
+        now = time.perf_counter()
+        if now - due > STALL_S:
+            stalls.append((due, now))
+
+
+def with_stalls(records: list[RequestRecord], stalls: list[tuple[float, float]]) -> list[RequestRecord]:
+    """Each record with the longest part of a stall of the generator within its flight, in ms (a stall that
+    ends as a request starts, such as a hook's between levels, holds that request up by the moments it shares)."""
+
+    def worst(r: RequestRecord) -> float:
+        return max(
+            (min(to, r.end) - max(fro, r.start) for fro, to in stalls if fro < r.end and to > r.start), default=0.0
+        )
+
+    return [dataclasses.replace(r, client_stall_ms=1000 * worst(r)) for r in records]
+
+
 async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress, starting, more, then) -> list[RequestRecord]:
+    stalls: list[tuple[float, float]] = []
+    ticker = asyncio.create_task(_ticker(stalls))
+    try:
+        return await _levels(cfg, prompts, progress, starting, more, then, stalls)
+    finally:
+        ticker.cancel()
+
+
+async def _levels(cfg, prompts, progress, starting, more, then, stalls) -> list[RequestRecord]:
     import aiohttp
 
     used = 0  # prompts taken so far: each request takes the next one
@@ -258,6 +297,7 @@ async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress, starting,
             while not got or more(c, got):  # a round of requests_per_user per user, then more while asked
                 n = c * cfg.requests_per_user
                 got += await run_level(session, cfg, prompts, c, n, first=used, numbered=len(got))
+                got = with_stalls(got, stalls)
                 used += n
             progress(c, got)
             records.extend(got)

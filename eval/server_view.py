@@ -104,15 +104,25 @@ DELIVERY_FACTOR = 2.0
 one burst, for a level to be called broken after the engine: the engine had the tokens, the user did not."""
 
 
-def cause(view: ServerView, bursts: int = 0, client_ttft_ms_p95: float | None = None) -> str:
-    """What the server's view says broke a level's objective, in a few words; with the level's bursts and its
-    TTFT p95 as the client saw it, a level whose first tokens were late after the engine made them says so."""
+def cause(
+    view: ServerView, bursts: int = 0, client_ttft_ms_p95: float | None = None, client_stall_ms: float = 0.0
+) -> str:
+    """What the server's view says broke a level's objective, in a few words; with the level's bursts, its TTFT
+    p95 as the client saw it and the client's own longest stall, a level whose first tokens were late after the
+    engine made them says so, and whether the load generator (held up for at least half that lateness) or the
+    server's front end held them."""
     engine = view.ttft_ms_mean
     if bursts and engine and client_ttft_ms_p95 and client_ttft_ms_p95 >= DELIVERY_FACTOR * engine:
+        late = client_ttft_ms_p95 - engine
+        who = (
+            f"the load generator itself, held up {client_stall_ms:.0f} ms: a fault of the measurement"
+            if client_stall_ms >= late / 2
+            else f"the server's front end: the load generator was never held up more than {client_stall_ms:.0f} ms"
+        )
         return (
             f"delivery after the engine: {bursts} requests' tokens arrived in one burst, TTFT p95 "
-            f"{client_ttft_ms_p95:.0f} ms at the client against the engine's mean first token {engine:.0f} ms "
-            f"(the server's front end or the client short of CPU)"
+            f"{client_ttft_ms_p95:.0f} ms at the client against the engine's mean first token {engine:.0f} ms; "
+            f"held by {who}"
         )
     if view.preemptions:
         return f"the KV cache filled: {view.preemptions:.0f} requests preempted"

@@ -24,11 +24,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eval import server_view
 from eval.server_view import ServerView
 from eval.speed import percentile, tpot_s
 from eval.stats import Verdict, at_most, percentile_interval
 
 QUANTILES = (50, 90, 95, 99)
+CLIENT_STALL_SHARE = 0.1
+"""A request the load generator itself held up (RequestRecord.client_stall_ms) for more than this share of the TTFT
+objective was mismeasured: a level that misses the objective only with such requests is too close to call."""
 BURST_S = 0.001  # a request whose every token arrived within this span was not streamed as generated
 
 
@@ -46,6 +50,9 @@ class RequestRecord:
     prompt_tokens: int | None = None
     token_times: tuple[float, ...] = field(default=())  # arrival of each chunk that carried tokens
     error: str = ""
+    # the longest the load generator's own event loop was held up while this request was in flight (a ticker's
+    # lateness, eval/loadgen.py): where its tokens came late, whether the client or the server held them
+    client_stall_ms: float = 0.0
 
     @property
     def ttft(self) -> float | None:
@@ -91,6 +98,10 @@ class LevelMetrics(BaseModel):
         description="p95 TTFT and p95 TPOT measured and within the SLO, no request failed and every one was streamed"
     )
     bursts: int = Field(0, description="requests whose tokens arrived in one burst (RequestRecord.burst)")
+    client_stall_ms: float = Field(0.0, description="the load generator's longest stall with a request in flight")
+    client_held: int = Field(
+        0, description="requests the generator itself held up for more than CLIENT_STALL_SHARE of the TTFT objective"
+    )
     goodput_rps: float = Field(0.0, description="requests per second that met both objectives on their own")
     slo_attainment: float = Field(0.0, description="share of the level's requests that met both objectives")
     duration_s: float | None = None
@@ -120,6 +131,13 @@ class LevelMetrics(BaseModel):
     )
     server: ServerView | None = Field(None, description="the server's own view of the level (its /metrics)")
     sizing: str | None = Field(None, description="why the level has the requests it has (eval/edge.py)")
+
+
+def what_broke(m: LevelMetrics) -> str:
+    """The server's view of why a level missed (eval/server_view.py, `cause`), with what the client saw of it."""
+    if m.server is None:
+        return ""
+    return server_view.cause(m.server, m.bursts, m.ttft_ms_p95, m.client_stall_ms)
 
 
 def _ms(values: Iterable[float | None]) -> list[float]:
@@ -156,14 +174,22 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
     )
     ttft = percentile_interval(series["ttft_ms"], 95)
     tpot = percentile_interval(series["tpot_ms"], 95)  # NaNs where no request had two tokens
+    verdict = level_verdict(failed, ttft, tpot, slo, bursts)
+    bound = CLIENT_STALL_SHARE * slo.ttft_ms
+    held = [r for r in ok if r.client_stall_ms > bound]
+    clean = [r for r in ok if r.client_stall_ms <= bound]
+    if verdict == Verdict.FAIL and held and not failed and _judged(clean, slo) != Verdict.FAIL:
+        verdict = Verdict.INCONCLUSIVE  # missed only with the requests the generator itself held up
     return LevelMetrics(
         requests=len(records),
         failed=failed,
         meets_slo=meets,
         ttft_ms_p95_interval=ttft[1:] if series["ttft_ms"] else None,
         tpot_ms_p95_interval=tpot[1:] if series["tpot_ms"] else None,
-        slo_verdict=level_verdict(failed, ttft, tpot, slo, bursts),
+        slo_verdict=verdict,
         bursts=bursts,
+        client_held=len(held),
+        client_stall_ms=max(r.client_stall_ms for r in records),
         goodput_rps=per_second(len(good)),
         slo_attainment=len(good) / len(records),
         duration_s=span,
@@ -172,6 +198,15 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
         output_tps_per_user=1000 / quantiles["tpot_ms_p50"] if quantiles.get("tpot_ms_p50") else 0.0,
         **quantiles,
     )
+
+
+def _judged(records: list[RequestRecord], slo: Slo) -> Verdict | None:
+    """level_verdict on these requests alone (None where there are none)."""
+    if not records:
+        return None
+    ttft = percentile_interval(_ms(r.ttft for r in records), 95)
+    tpot = percentile_interval(_ms(r.tpot for r in records), 95)
+    return level_verdict(0, ttft, tpot, slo, sum(r.burst for r in records))
 
 
 def level_verdict(
@@ -267,6 +302,7 @@ def read_csv(path: Path) -> list[RequestRecord]:
                     prompt_tokens=int(row["prompt_tokens"]) if row["prompt_tokens"] else None,
                     token_times=tuple(float(t) for t in row["token_times"].split()),
                     error=row["error"],
+                    client_stall_ms=float(row.get("client_stall_ms") or 0.0),  # absent from earlier sweeps
                 )
             )
     return out

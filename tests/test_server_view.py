@@ -47,6 +47,10 @@ def test_what_broke_a_level_by_the_servers_view():
     # client's p95 639 ms with 4 requests delivered whole: late after the engine, not in it
     engine = ServerView(preemptions=0, ttft_ms_mean=58, queue_ms_mean=0.02, prefill_ms_mean=51)
     assert cause(engine, 4, 639).startswith("delivery after the engine: 4 requests' tokens arrived in one burst")
+    assert cause(engine, 4, 639, 12).endswith(
+        "the server's front end: the load generator was never held up more than 12 ms"
+    )
+    assert "held by the load generator itself, held up 400 ms: a fault of the measurement" in cause(engine, 4, 639, 400)
     assert cause(engine, 0, 639).startswith("the work itself")  # late without bursts: not a delivery stall
     assert cause(engine, 4, 100).startswith("the work itself")  # bursts that did not hold the first token back
     assert parse("# nothing here\n").counters == {}  # a server that exports none of them

@@ -92,6 +92,9 @@ def test_records_survive_the_csv(tmp_path):
     write_csv(reqs, tmp_path / "r.csv")
     back = read_csv(tmp_path / "r.csv")
     assert back[1] == reqs[1]
+    stalled = RequestRecord(2, 2, 0.0, 1.0, True, client_stall_ms=250.0)
+    write_csv([stalled], tmp_path / "s.csv")
+    assert read_csv(tmp_path / "s.csv") == [stalled]
     assert back[0].token_times == pytest.approx(reqs[0].token_times) and back[0].output_tokens == 3
 
 
@@ -156,3 +159,55 @@ def test_each_level_is_judged_on_its_requests_intervals():
     assert lo <= m.ttft_ms_p95 <= hi < 200 and m.slo_verdict == "PASS" and m.meets_slo
     edge = level_metrics(quick, Slo(ttft_ms=m.ttft_ms_p95, tpot_ms=25))  # the objective inside the interval
     assert edge.meets_slo and edge.slo_verdict == "INCONCLUSIVE"
+
+
+def test_the_generators_own_stalls_are_timed_and_laid_on_the_requests_in_flight():
+    import asyncio
+    import time
+
+    from eval.loadgen import STALL_S, _ticker, with_stalls
+
+    stalls: list[tuple[float, float]] = []
+
+    async def held() -> tuple[float, float]:
+        ticker = asyncio.create_task(_ticker(stalls))
+        await asyncio.sleep(0.05)  # on time: no stall
+        t0 = time.perf_counter()
+        time.sleep(0.3)  # the loop held: no chunk could be read meanwhile
+        t1 = time.perf_counter()
+        await asyncio.sleep(0.05)
+        ticker.cancel()
+        return t0, t1
+
+    t0, t1 = asyncio.run(held())
+    assert len(stalls) == 1, stalls
+    (fro, to) = stalls[0]
+    assert fro <= t0 + STALL_S and to >= t1 and 0.28 < to - fro < 0.3 + 0.1
+    during = RequestRecord(4, 0, t0 - 0.1, t1 + 0.1, True)
+    before = RequestRecord(4, 1, t0 - 0.5, t0 - 0.2, True)
+    marked = with_stalls([during, before], stalls)
+    assert marked[0].client_stall_ms == pytest.approx(1000 * (to - fro)) and marked[1].client_stall_ms == 0
+    assert level_metrics(marked, Slo(200, 25)).client_stall_ms == marked[0].client_stall_ms
+
+
+def test_a_level_missed_only_with_requests_the_generator_held_up_is_too_close_to_call():
+    from eval.loadgen import with_stalls
+    from eval.stats import Verdict
+
+    slo = Slo(ttft_ms=200, tpot_ms=25)
+    level = [_request(8, i, float(i), 0.05, 0.01, 8) for i in range(40)]  # TTFT 50 ms, TPOT 10 ms
+    late = [_request(8, i, float(i), 0.6, 0.01, 8) for i in range(10)]  # 10 of 40 at 600 ms: p95 misses
+    missed = late + level[10:]
+    assert level_metrics(missed, slo).slo_verdict == Verdict.FAIL  # the server's, as far as anyone knows
+    # the same 10 with the generator held up 550 ms in their flight: the miss is the measurement's
+    held = with_stalls(missed, [(r.start + 0.02, r.start + 0.57) for r in late])
+    m = level_metrics(held, slo)
+    assert m.slo_verdict == Verdict.INCONCLUSIVE and m.client_held == 10 and m.client_stall_ms == pytest.approx(550)
+    # held up as long, but the others miss too: still missed
+    slow = [_request(8, i, float(i), 0.3, 0.01, 8) for i in range(10, 40)]
+    assert level_metrics(
+        with_stalls(late + slow, [(r.start + 0.02, r.start + 0.57) for r in late]), slo
+    ).slo_verdict == (Verdict.FAIL)
+    # a stall that ends as a request starts (a hook between levels) holds it up only by what they share
+    edge = with_stalls([level[10]], [(level[10].start - 0.08, level[10].start + 0.004)])
+    assert edge[0].client_stall_ms == pytest.approx(4) and level_metrics(edge, slo).client_held == 0

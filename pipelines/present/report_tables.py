@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-import eval.server_view as server_view
+import eval.serving as serving
 from eval.sizing import Fit
 from eval.stats import Verdict
 from pipelines.core.card.cards import ModelCard
@@ -108,7 +108,7 @@ def slo_limits(card: ModelCard) -> list[str]:
         if m.bursts:
             why.append(f"{m.bursts} unstreamed (burst) requests")
         if m.server is not None:  # the server's own view of that level (its /metrics)
-            why.append(f"by the server's metrics, {server_view.cause(m.server, m.bursts, m.ttft_ms_p95)}")
+            why.append(f"by the server's metrics, {serving.what_broke(m)}")
         held, at = formats.users_count(served.max_users_at_slo), formats.users_count(c)
         lines.append(f"- {p}: {held}; at {at} {', '.join(why) or 'missed'} ({served.execution}){_range(served)}")
     return lines

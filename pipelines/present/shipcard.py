@@ -10,7 +10,7 @@ README.md next to the weights.
 
 from __future__ import annotations
 
-import eval.server_view as server_view
+import eval.serving as serving
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import finished, result_of
 from pipelines.core.store.ranked import Ranked
@@ -122,9 +122,7 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
             "|---|---|---|---|---|---|---|---|",
         ]
         for c, m in served.per_level.items():
-            view = ""
-            if m.server is not None and not m.meets_slo:
-                view = server_view.cause(m.server, m.bursts, m.ttft_ms_p95)
+            view = serving.what_broke(m) if not m.meets_slo else ""
             lines.append(
                 f"| {c} | {m.requests} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} "
                 f"| {m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} | {m.slo_verdict or ''} | {view} |"

@@ -143,10 +143,21 @@ def run_levels(
         if m.bursts:
             log.warning(
                 "%s concurrency %d: %d requests arrived in one burst, not streamed: their TPOT is not "
-                "measured and the level is not counted as meeting the SLO; rerun with --force",
+                "measured and the level is not counted as meeting the SLO (the load generator's longest stall "
+                "meanwhile %.0f ms); rerun with --force",
                 label,
                 c,
                 m.bursts,
+                m.client_stall_ms,
+            )
+        if m.client_held:
+            log.warning(
+                "%s concurrency %d: the load generator itself was held up (up to %.0f ms) with %d requests in "
+                "flight: their times are partly its own, and a miss that rests on them is too close to call",
+                label,
+                c,
+                m.client_stall_ms,
+                m.client_held,
             )
         if load.exact_length == "ignore_eos" and (
             bad := serving.length_mismatches(level, load.input_len, load.output_len)
