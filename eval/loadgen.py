@@ -253,13 +253,12 @@ async def _ticker(stalls: list[tuple[float, float]]) -> None:
 
 
 def with_stalls(records: list[RequestRecord], stalls: list[tuple[float, float]]) -> list[RequestRecord]:
-    """Each record with the longest part of a stall of the generator within its flight, in ms (a stall that
-    ends as a request starts, such as a hook's between levels, holds that request up by the moments it shares)."""
+    """Each record with the longest stall of the generator that began in its flight (to its end), in ms. A stall
+    that began before a request started did not hold it: the loop, which stamps the start, was not running (a
+    hook's between levels; the ticker only notices it once the level's requests are under way)."""
 
     def worst(r: RequestRecord) -> float:
-        return max(
-            (min(to, r.end) - max(fro, r.start) for fro, to in stalls if fro < r.end and to > r.start), default=0.0
-        )
+        return max((min(to, r.end) - fro for fro, to in stalls if r.start <= fro < r.end), default=0.0)
 
     return [dataclasses.replace(r, client_stall_ms=1000 * worst(r)) for r in records]
 

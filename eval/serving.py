@@ -19,7 +19,7 @@ import csv
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -32,7 +32,8 @@ from eval.stats import Verdict, at_most, percentile_interval
 QUANTILES = (50, 90, 95, 99)
 CLIENT_STALL_SHARE = 0.1
 """A request the load generator itself held up (RequestRecord.client_stall_ms) for more than this share of the TTFT
-objective was mismeasured: a level that misses the objective only with such requests is too close to call."""
+objective was mismeasured: a level that misses the objective, and would not with every request's stall taken off
+its times, is too close to call."""
 BURST_S = 0.001  # a request whose every token arrived within this span was not streamed as generated
 
 
@@ -175,11 +176,9 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
     ttft = percentile_interval(series["ttft_ms"], 95)
     tpot = percentile_interval(series["tpot_ms"], 95)  # NaNs where no request had two tokens
     verdict = level_verdict(failed, ttft, tpot, slo, bursts)
-    bound = CLIENT_STALL_SHARE * slo.ttft_ms
-    held = [r for r in ok if r.client_stall_ms > bound]
-    clean = [r for r in ok if r.client_stall_ms <= bound]
-    if verdict == Verdict.FAIL and held and not failed and _judged(clean, slo) != Verdict.FAIL:
-        verdict = Verdict.INCONCLUSIVE  # missed only with the requests the generator itself held up
+    held = [r for r in ok if r.client_stall_ms > CLIENT_STALL_SHARE * slo.ttft_ms]
+    if verdict == Verdict.FAIL and held and not failed and _judged([_unheld(r) for r in ok], slo) != Verdict.FAIL:
+        verdict = Verdict.INCONCLUSIVE  # missed only with the time the generator itself held its requests up
     return LevelMetrics(
         requests=len(records),
         failed=failed,
@@ -200,10 +199,18 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
     )
 
 
-def _judged(records: list[RequestRecord], slo: Slo) -> Verdict | None:
-    """level_verdict on these requests alone (None where there are none)."""
-    if not records:
-        return None
+def _unheld(r: RequestRecord) -> RequestRecord:
+    """The request at its fastest had the generator not been held up: its stall taken off its first token and,
+    again, off its decode (each at most what it has), the reading most favourable to the server."""
+    stall = r.client_stall_ms / 1000
+    if not stall or r.ttft is None:
+        return r
+    first = min(stall, r.ttft)
+    return replace(r, start=r.start + first, end=r.end - min(stall, r.e2e - r.ttft))
+
+
+def _judged(records: list[RequestRecord], slo: Slo) -> Verdict:
+    """level_verdict on these requests."""
     ttft = percentile_interval(_ms(r.ttft for r in records), 95)
     tpot = percentile_interval(_ms(r.tpot for r in records), 95)
     return level_verdict(0, ttft, tpot, slo, sum(r.burst for r in records))
