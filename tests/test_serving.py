@@ -180,8 +180,9 @@ def test_the_generators_own_stalls_are_timed_and_laid_on_the_requests_in_flight(
         return t0, t1
 
     t0, t1 = asyncio.run(held())
-    assert len(stalls) == 1, stalls
-    (fro, to) = stalls[0]
+    big = [(fro, to) for fro, to in stalls if to - fro > 0.25]  # a busy machine may add short ones
+    assert len(big) == 1, stalls
+    (fro, to) = big[0]
     assert fro <= t0 + STALL_S and to >= t1 and 0.28 < to - fro < 0.3 + 0.1
     during = RequestRecord(4, 0, t0 - 0.1, t1 + 0.1, True)
     before = RequestRecord(4, 1, t0 - 0.5, t0 - 0.2, True)
