@@ -201,9 +201,10 @@ def samples_to_decide(n: int, point: float, lower: float, upper: float, threshol
     """Documents at which the interval would just clear the threshold, if the estimate and the per-document
     spread hold: the half-width shrinks as 1/sqrt(n). More than `n` where the interval straddles the
     threshold, at most `n` where it already clears it (how many a verdict needed). None when the estimate
-    sits on the threshold: no number of documents decides it."""
+    sits on the threshold, or where the estimate or its interval is not finite (a baseline that scored nothing on
+    some resamples makes their recovery infinite): no number of documents can be read from it."""
     gap = abs(point - threshold)
-    if gap == 0:
+    if gap == 0 or not all(math.isfinite(x) for x in (point, lower, upper)):
         return None
     half = (upper - lower) / 2
     need = math.ceil(n * (half / gap) ** 2)

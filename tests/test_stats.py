@@ -89,6 +89,9 @@ def test_samples_to_decide_scales_with_the_square_of_the_interval():
     # decided already: how many documents it needed (a quarter here), never more than it had
     assert samples_to_decide(100, point=1.0, lower=0.99, upper=1.01, threshold=0.98) == 25
     assert samples_to_decide(100, point=1.0, lower=0.999, upper=1.001, threshold=0.98) == 1
+    # six documents where the baseline scored nothing on some resamples: an interval of NaN or infinity says nothing
+    assert samples_to_decide(6, point=1.0, lower=math.nan, upper=math.inf, threshold=0.99) is None
+    assert samples_to_decide(6, point=math.inf, lower=0.5, upper=math.inf, threshold=0.99) is None
 
 
 def test_length_band_holds_output_length_to_the_baselines():
