@@ -33,7 +33,7 @@ ENGINE_STAMP := $(ENGINE_VENV)/.installed-$(VLLM)
 ENGINE_EVAL_STAMP := $(ENGINE_VENV)/.installed-lm-eval
 ENGINE_DEPS  := $(ENGINE_STAMP) $(if $(HAS_CUDA),$(ENGINE_EVAL_STAMP))
 
-.PHONY: run speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size gate report sensitivity search ui quality venv engine team browser postgresql clean-venv
+.PHONY: run setup-run setup-test speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size gate report sensitivity search ui quality venv engine team browser postgresql clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -77,10 +77,18 @@ $(ENGINE_EVAL_STAMP): $(ENGINE_STAMP)
 
 engine: $(ENGINE_DEPS)
 
+# Set-up makes the two environments side by side: pip installs on about one core each, so on two cores
+# both take about as long as the slower one (docs/results.md). `make -j2` is asked for here, not of the user.
+setup-run:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(ENGINE_DEPS)
+
+setup-test:
+	@$(MAKE) --no-print-directory -j2 $(TEAM_STAMP) $(ENGINE_STAMP) $(ENGINE_EVAL_STAMP)
+
 # The embedded model's whole pipeline: every stage for every precision of ref-lm, the gate and the report.
 # ref-lm's exit status 1 is the gate's decision that no build ships (on some machines none passes every rule):
 # the demo's answer, not a failure; `qeval run` and `qeval gate` keep that status for CI.
-run: $(STAMP) $(ENGINE_DEPS)
+run: setup-run
 	$(QEVAL) run --model ref-lm || [ $$? -eq 1 ]
 	@echo "next: 'make speed-at-shape' times every precision at Qwen2.5-0.5B-Instruct's real shape on vLLM (minutes)"
 
@@ -146,7 +154,7 @@ browser:
 postgresql:
 	@scripts/install-postgresql.sh
 
-test: $(STAMP) $(TEAM_STAMP) $(ENGINE_STAMP) $(ENGINE_EVAL_STAMP) browser postgresql
+test: setup-test browser postgresql
 	$(PY) -m pytest -q --durations=12
 
 # The unit tier: no process, no MLflow store, no model (tests/conftest.py); under 30 s.
