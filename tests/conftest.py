@@ -10,7 +10,9 @@ benchmarked once per session, in a folder the session fixtures alone write to. A
 stages, the gate or the report on those builds takes `own_root`: a copy of that folder (checkpoints
 hard-linked) that nothing else reads. `qeval run` itself runs once per session, in another copy
 (`pipeline_run`): every test that only reads what a whole run leaves (its stages, served builds, store,
-report, ship card) reads that one.
+report, ship card) reads that one. That run is a process of its own, started as soon as the session's builds
+are measured, and runs beside the other tests, which are ordered before its readers (tests/lanes.py); so
+does tests/test_shape.py's run of a card without weights, from the session's start.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import lanes
 import pytest
-from helpers import REPO, last_json_line, qeval, root_env
+from helpers import REPO, last_json_line, root_env
 from memory_tracker import MemoryTracker
 
 from pipelines.core.card.cards import load_card
@@ -149,8 +152,9 @@ def builds(small_root):
 
 
 @pytest.fixture(scope="session")
-def measured(small_root, builds):
-    """Every build of `ref-small` evaluated, benchmarked and sized (the gate reads each), once per test session."""
+def measured(request, small_root, builds, tmp_path_factory):
+    """Every build of `ref-small` evaluated, benchmarked and sized (the gate reads each), once per test session;
+    then the session's pipeline run is started, where a test of the session reads it."""
     from pipelines.stages.bench import bench
     from pipelines.stages.evaluate import evaluate
     from pipelines.stages.size import size
@@ -160,7 +164,11 @@ def measured(small_root, builds):
         card = load_card("ref-small")
         tracker = MemoryTracker(card.name)
         order = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
-        return {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench, size)}
+        done = {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench, size)}
+    if any(lanes.reads(item, "pipeline_run") for item in request.session.items):
+        lane = _start_pipeline(small_root, tmp_path_factory.mktemp("pipeline"))
+        request.config.stash.setdefault(lanes.STARTED, {})["pipeline_run"] = lane
+    return done
 
 
 def copy_root(src: Path, root: Path) -> Path:
@@ -192,12 +200,28 @@ class PipelineRun:
     stderr: str
 
 
-@pytest.fixture(scope="session")
-def pipeline_run(small_root, builds, measured, tmp_path_factory) -> PipelineRun:
-    """`qeval run --model ref-small` as `make run` runs it, once per session, in a copy of the session's
-    folder: every build served (as ref-lm's card says) and scored through its server, the gate and the report.
-    The tests that take it read what it left; none writes there, but the one that runs it again."""
-    root = copy_root(small_root, tmp_path_factory.mktemp("pipeline"))
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The lanes' readers last, so that the tests before them run while the lanes do (tests/lanes.py)."""
+    items.sort(key=lanes.reads)  # stable: the order within each part stays
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lanes(request, tmp_path_factory):
+    """The lanes that need nothing of the session's, started as it starts where a test of it reads them; every
+    lane stopped as it ends."""
+    started = request.config.stash.setdefault(lanes.STARTED, {})
+    for name, begin in lanes.AT_START.items():
+        if any(lanes.reads(item, name) for item in request.session.items):
+            started[name] = begin(tmp_path_factory.mktemp(name))
+    yield
+    for lane in started.values():
+        lane.stop()
+
+
+def _start_pipeline(small_root: Path, folder: Path) -> lanes.Lane:
+    """`qeval run --model ref-small` as `make run` runs it, in a copy of the session's folder: every build
+    served (as ref-lm's card says) and scored through its server, the gate and the report."""
+    root = copy_root(small_root, folder)
     card = root / "cards" / "ref-small.yaml"
     text = card.read_text().replace("speed_regime: engine", "speed_regime: server")  # as ref-lm's
     # every build but awq: vLLM serves it as it serves gptq (one kernel, CPUWNA16LinearKernel), and its other
@@ -206,9 +230,16 @@ def pipeline_run(small_root, builds, measured, tmp_path_factory) -> PipelineRun:
     assert listed in text, f"ref-lm.yaml no longer has {listed!r}: update tests/conftest.py ALL"
     text = text.replace(listed, f"precisions: [{', '.join(SERVED)}]")
     card.write_text(text)
-    first = qeval("run", "--model", "ref-small", "--json", env=root_env(root), timeout=1500)
-    assert first.returncode in (0, 1) and first.stdout.strip(), first.stderr[-2000:]
-    return PipelineRun(root, first.returncode, last_json_line(first.stdout), first.stderr)
+    return lanes.start(root, root_env(root), "run", "--model", "ref-small", "--json", timeout_s=1500)
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(request, measured) -> PipelineRun:
+    """The session's `qeval run` (started when `measured` was done), once it has ended. The tests that take it
+    read what it left; none writes there, but the one that runs it again."""
+    root, done = lanes.ended(request, "pipeline_run")
+    assert done.returncode in (0, 1) and done.stdout.strip(), done.stderr[-2000:]
+    return PipelineRun(root, done.returncode, last_json_line(done.stdout), done.stderr)
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ __all__ = [
     "last_json_line",
     "processes_naming",
     "qeval",
+    "qeval_command",
     "qeval_timed",
     "root_env",
     "same_logits",
@@ -82,10 +83,15 @@ def root_env(root: Path) -> dict[str, str]:
     return env_with(QEVAL_WORKDIR=str(root), QEVAL_CARDS_DIR=str(root / "cards"))
 
 
+def qeval_command(*args: str) -> list[str]:
+    """The command line of `qeval ARGS`, run from the repository."""
+    return [sys.executable, "-m", "pipelines", *args]
+
+
 def qeval(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`qeval ARGS` in a process of its own, from the repository, as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "pipelines", *args],
+        qeval_command(*args),
         cwd=REPO,
         env=env or env_with(),
         capture_output=True,

@@ -1,0 +1,79 @@
+"""Work that runs beside the tests: a `qeval` process started early in the session, in a folder of its own, and
+read by the tests that take its fixture, which tests/conftest.py orders after all the others.
+
+Most of such a run is one core's work (vLLM's start-up imports, one process after another; a sweep's client),
+so on two cores it costs the session little more than the wait, if any, for what is left of it when its
+readers come. None of them judges a speed against a fixed figure: a busy machine makes a level slower or
+too close to call, and the readers accept any of the three verdicts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import REPO, qeval_command
+
+
+@dataclass
+class Lane:
+    """`qeval ARGS` going on in a process of its own; its output in `root`/run.stdout and run.stderr."""
+
+    root: Path
+    proc: subprocess.Popen
+    started: float
+    timeout_s: float
+
+    def wait(self) -> subprocess.CompletedProcess:
+        """Its end, as `subprocess.run` would have returned it; a run past its time is stopped and fails the test."""
+        left = self.started + self.timeout_s - time.monotonic()
+        try:
+            self.proc.wait(timeout=max(left, 1))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"{' '.join(self.proc.args[2:])} took over {self.timeout_s:.0f} s", pytrace=False)
+        out, err = ((self.root / name).read_text() for name in ("run.stdout", "run.stderr"))
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+    def stop(self) -> None:
+        """Ended, whatever the session did: SIGTERM stops `qeval` and any server it started."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start(root: Path, env: dict[str, str], *args: str, timeout_s: float) -> Lane:
+    """`qeval ARGS` started from the repository with `env`, its output kept in `root`."""
+    with open(root / "run.stdout", "w") as out, open(root / "run.stderr", "w") as err:
+        proc = subprocess.Popen(qeval_command(*args), cwd=REPO, env=env, stdout=out, stderr=err)
+    return Lane(root, proc, time.monotonic(), timeout_s)
+
+
+# fixture name -> how to start its lane in a folder, as the session starts (a test module adds its own)
+AT_START: dict[str, Callable[[Path], Lane]] = {}
+# the lanes started, by fixture name (tests/conftest.py stops each as the session ends)
+STARTED = pytest.StashKey[dict[str, Lane]]()
+
+
+def names() -> tuple[str, ...]:
+    return ("pipeline_run", *AT_START)  # the session's pipeline run starts once its builds are measured
+
+
+def reads(item: pytest.Item, name: str | None = None) -> bool:
+    """Whether the test takes the fixture of lane `name` (any lane's where None)."""
+    taken = getattr(item, "fixturenames", ())
+    return any(n in taken for n in ((name,) if name else names()))
+
+
+def ended(request: pytest.FixtureRequest, name: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """Lane `name`'s folder and how it ended, once it has."""
+    lane = request.config.stash[STARTED][name]
+    return lane.root, lane.wait()
