@@ -12,7 +12,7 @@ hard-linked) that nothing else reads. `qeval run` itself runs once per session, 
 (`pipeline_run`): every test that only reads what a whole run leaves (its stages, served builds, store,
 report, ship card) reads that one. That run is a process of its own, started as soon as the session's builds
 are measured, and runs beside the other tests, which are ordered before its readers (tests/lanes.py); so
-does tests/test_shape.py's run of a card without weights, from the session's start.
+does tests/test_shape.py's run of a card without weights, started at the same time.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def builds(small_root):
 @pytest.fixture(scope="session")
 def measured(request, small_root, builds, tmp_path_factory):
     """Every build of `ref-small` evaluated, benchmarked and sized (the gate reads each), once per test session;
-    then the session's pipeline run is started, where a test of the session reads it."""
+    then the lanes the session's tests read are started: the heavy work of its start is done."""
     from pipelines.stages.bench import bench
     from pipelines.stages.evaluate import evaluate
     from pipelines.stages.size import size
@@ -165,9 +165,7 @@ def measured(request, small_root, builds, tmp_path_factory):
         tracker = MemoryTracker(card.name)
         order = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
         done = {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench, size)}
-    if any(lanes.reads(item, "pipeline_run") for item in request.session.items):
-        lane = _start_pipeline(small_root, tmp_path_factory.mktemp("pipeline"))
-        request.config.stash.setdefault(lanes.STARTED, {})["pipeline_run"] = lane
+    lanes.start_read(request, tmp_path_factory, pipeline_run=lambda folder: _start_pipeline(small_root, folder))
     return done
 
 
@@ -206,15 +204,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _lanes(request, tmp_path_factory):
-    """The lanes that need nothing of the session's, started as it starts where a test of it reads them; every
-    lane stopped as it ends."""
-    started = request.config.stash.setdefault(lanes.STARTED, {})
-    for name, begin in lanes.AT_START.items():
-        if any(lanes.reads(item, name) for item in request.session.items):
-            started[name] = begin(tmp_path_factory.mktemp(name))
+def _lanes(request):
+    """Every lane started in the session, stopped as it ends."""
     yield
-    for lane in started.values():
+    for lane in request.config.stash.get(lanes.STARTED, {}).values():
         lane.stop()
 
 
@@ -234,10 +227,10 @@ def _start_pipeline(small_root: Path, folder: Path) -> lanes.Lane:
 
 
 @pytest.fixture(scope="session")
-def pipeline_run(request, measured) -> PipelineRun:
+def pipeline_run(request, tmp_path_factory, measured) -> PipelineRun:
     """The session's `qeval run` (started when `measured` was done), once it has ended. The tests that take it
     read what it left; none writes there, but the one that runs it again."""
-    root, done = lanes.ended(request, "pipeline_run")
+    root, done = lanes.ended(request, tmp_path_factory, "pipeline_run")
     assert done.returncode in (0, 1) and done.stdout.strip(), done.stderr[-2000:]
     return PipelineRun(root, done.returncode, last_json_line(done.stdout), done.stderr)
 

@@ -1,5 +1,6 @@
-"""Work that runs beside the tests: a `qeval` process started early in the session, in a folder of its own, and
-read by the tests that take its fixture, which tests/conftest.py orders after all the others.
+"""Work that runs beside the tests: a `qeval` process started once the session's builds are measured, in a
+folder of its own, and read by the tests that take its fixture, which tests/conftest.py orders after all the
+others.
 
 Most of such a run is one core's work (vLLM's start-up imports, one process after another; a sweep's client),
 so on two cores it costs the session little more than the wait, if any, for what is left of it when its
@@ -57,14 +58,15 @@ def start(root: Path, env: dict[str, str], *args: str, timeout_s: float) -> Lane
     return Lane(root, proc, time.monotonic(), timeout_s)
 
 
-# fixture name -> how to start its lane in a folder, as the session starts (a test module adds its own)
+# fixture name -> how to start its lane in a folder where it needs nothing of the session's (a test module
+# adds its own); tests/conftest.py starts them with the pipeline run, once the session's builds are measured
 AT_START: dict[str, Callable[[Path], Lane]] = {}
 # the lanes started, by fixture name (tests/conftest.py stops each as the session ends)
 STARTED = pytest.StashKey[dict[str, Lane]]()
 
 
 def names() -> tuple[str, ...]:
-    return ("pipeline_run", *AT_START)  # the session's pipeline run starts once its builds are measured
+    return ("pipeline_run", *AT_START)
 
 
 def reads(item: pytest.Item, name: str | None = None) -> bool:
@@ -73,7 +75,18 @@ def reads(item: pytest.Item, name: str | None = None) -> bool:
     return any(n in taken for n in ((name,) if name else names()))
 
 
-def ended(request: pytest.FixtureRequest, name: str) -> tuple[Path, subprocess.CompletedProcess]:
-    """Lane `name`'s folder and how it ended, once it has."""
-    lane = request.config.stash[STARTED][name]
-    return lane.root, lane.wait()
+def start_read(request: pytest.FixtureRequest, folders, **more: Callable[[Path], Lane]) -> None:
+    """Start every lane (of AT_START and `more`) that a test of the session reads and that has not started,
+    each in a folder of `folders` (pytest's tmp_path_factory) named after it."""
+    started = request.config.stash.setdefault(STARTED, {})
+    for name, begin in {**AT_START, **more}.items():
+        if name not in started and any(reads(item, name) for item in request.session.items):
+            started[name] = begin(folders.mktemp(name))
+
+
+def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """Lane `name`'s folder and how it ended, once it has (started here, where nothing started it before)."""
+    started = request.config.stash.setdefault(STARTED, {})
+    if name not in started:
+        started[name] = AT_START[name](folders.mktemp(name))
+    return started[name].root, started[name].wait()

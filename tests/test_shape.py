@@ -355,9 +355,9 @@ lanes.AT_START["shape_run"] = _start_shape_run
 
 
 @pytest.fixture(scope="session")
-def shape_run(request) -> tuple[Path, subprocess.CompletedProcess]:
-    """The tiny card's `qeval run`, started as the session starts (tests/lanes.py): its folder and its end."""
-    return lanes.ended(request, "shape_run")
+def shape_run(request, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The tiny card's `qeval run`, run beside the other tests (tests/lanes.py): its folder and its end."""
+    return lanes.ended(request, tmp_path_factory, "shape_run")
 
 
 @pytest.mark.slow
