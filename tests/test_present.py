@@ -53,7 +53,11 @@ def test_progress_lines_say_elapsed_estimate_and_step(caplog):
         "m@awq quantize: 1m15s, about 1m45s left; GPTQ layer 3"
     )
     assert progress.line("m@awq quantize", 200, 180, "") == "m@awq quantize: 3m20s, past the 3m00s estimate"
-    assert progress.last_line("Tokenizing: 10%\rTokenizing: 55%\r") == "Tokenizing: 55%"
+    assert progress.last_line("Tokenizing: 10%\rTokenizing: 55%\r") == ("Tokenizing: 55%", "")
+    # a chunk that ends mid-line: its fragment waits for the rest (AWQ's progress once read "; , b")
+    latest, rest = progress.last_line("Grid search: 5%|, best_error=4.6e-06]\rGrid search: 10%|, b")
+    assert (latest, rest) == ("Grid search: 5%|, best_error=4.6e-06]", "Grid search: 10%|, b")
+    assert progress.last_line(rest + "est_error=4.1e-06]\r")[0] == "Grid search: 10%|, best_error=4.1e-06]"
     assert progress.estimate("m", "evaluate", None) is None  # a fresh process (the fixture resets it)
     progress.finished("m", "evaluate", 100.0)
     progress.finished("m", "evaluate", 140.0)

@@ -104,11 +104,13 @@ def _relay(chunks: Iterator[bytes], log) -> None:
     """A child's output to its log file as it comes, its latest line to qeval's progress line, and to stderr
     with `qeval --verbose`."""
     echo = logging.getLogger().isEnabledFor(logging.DEBUG)
+    rest = ""
     for chunk in chunks:
         log.write(chunk)
         log.flush()
         text = chunk.decode(errors="replace")
-        if latest := progress.last_line(text):
+        latest, rest = progress.last_line(rest + text)
+        if latest:
             progress.step(latest)
         if echo:
             sys.stderr.write(text)

@@ -49,10 +49,15 @@ def step(text: str) -> None:
     _state["step"] = " ".join(_ANSI.sub("", text).split())[:90]
 
 
-def last_line(chunk: str) -> str | None:
-    """The latest non-empty line of a chunk of output, where progress bars redraw with carriage returns."""
-    parts = [p for p in re.split(r"[\r\n]", chunk) if p.strip()]
-    return parts[-1] if parts else None
+TAIL_CHARS = 4096  # of a line not ended yet, kept for the next chunk
+
+
+def last_line(text: str) -> tuple[str | None, str]:
+    """The latest whole non-empty line of output that goes on (progress bars redraw with carriage returns),
+    and what follows it, not ended yet: a pipe's chunk can end mid-line, and its fragment is no step."""
+    *ended, rest = re.split(r"[\r\n]", text)
+    parts = [p for p in ended if p.strip()]
+    return (parts[-1] if parts else None), rest[-TAIL_CHARS:]
 
 
 def duration(seconds: float) -> str:
