@@ -39,8 +39,6 @@ NEEDLE_DRAWN = 100
 NEEDLE_EVERY = 2  # every second item drawn is kept: the documents the 100-item task scored, for half the time;
 # the report's documents-needed figure says how many each build's verdict takes, far fewer than are kept
 NEEDLE_ITEMS = NEEDLE_DRAWN // NEEDLE_EVERY
-NEXT_VERSE_EVERY = 2  # every second item: the task was most of every evaluation's forward passes (four
-# continuations of a verse each); the verdicts the half moved are in docs/results.md
 LAST_WORD_EVERY = 2  # every second verse: in the report's documents-needed table every build's verdict took well
 # under half of the 1,411 items the held-out text gives (docs/results.md)
 NEEDLE_PROMPT_TOKENS = 440  # with the 64 tokens the task may generate, the context's 512 positions all but filled
@@ -69,7 +67,7 @@ def next_verse_items(chapters: list[corpus.Chapter], rng: random.Random) -> list
             rng.shuffle(choices)
             context = "\n".join(verses[max(0, i - CONTEXT_VERSES + 1) : i + 1])
             items.append({"context": context, "choices": choices, "label": choices.index(target)})
-    return items[::NEXT_VERSE_EVERY]  # drawn for every verse, so that the kept items stay those of the whole task
+    return items  # whole: the build that ships can need every item (fp8 on a Xeon with AMX, docs/results.md)
 
 
 def last_word_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[dict]:
