@@ -5,8 +5,9 @@
 Reads lm-eval's `samples_<task>.jsonl` under each build's `evaluate/` folder and matches documents by
 lm-eval's `doc_hash`, so that a task cut to a subset (every second item, every third chapter) is compared on
 the documents both runs scored. A record is identical when every field but `doc_id` is; otherwise the
-largest difference among its numbers (log-likelihoods, bits-per-byte sums) and whether its metrics agree
-are counted. Prints one Markdown table; exits 1 when a document both runs scored differs in a metric.
+largest difference among its numbers (log-likelihoods, bits-per-byte sums) and whether the metrics the record
+names (lm-eval's `metrics` field) agree are counted. Prints one Markdown table; exits 1 when a document both
+runs scored differs in a metric.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
-METRICS = ("acc", "acc_norm", "exact_match", "chrf", "bits_per_byte", "word_perplexity", "byte_perplexity")
 
 
 def _records(path: Path) -> dict[str, dict]:
@@ -53,7 +52,7 @@ def compare(old_root: Path, new_root: Path) -> tuple[list[str], int]:
             old, new = _records(old_file), _records(new_file)
             both = [h for h in new if h in old]
             same = sum(old[h] == new[h] for h in both)
-            metric = sum(any(old[h].get(m) != new[h].get(m) for m in METRICS if m in new[h]) for h in both)
+            metric = sum(any(old[h].get(m) != new[h].get(m) for m in new[h].get("metrics", ())) for h in both)
             gap = max((_largest_gap(old[h], new[h]) for h in both), default=0.0)
             differing += metric
             task = new_file.stem.removeprefix("samples_")

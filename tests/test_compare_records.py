@@ -20,7 +20,7 @@ def _write(root: Path, build: str, task: str, rows: list[dict]) -> None:
 
 
 def _row(doc_id: int, doc_hash: str, ll: float, acc: float) -> dict:
-    return {"doc_id": doc_id, "doc_hash": doc_hash, "resps": [[[ll, False]]], "acc": acc}
+    return {"doc_id": doc_id, "doc_hash": doc_hash, "resps": [[[ll, False]]], "metrics": ["acc"], "acc": acc}
 
 
 def test_a_subset_is_matched_by_document_and_a_flip_is_counted(tmp_path):
