@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from eval import server_view
 from eval.server_view import ServerView
 from eval.speed import percentile, tpot_s
-from eval.stats import Verdict, at_most, percentile_interval
+from eval.stats import Verdict, at_most, percentile_interval, ratio_interval
 
 QUANTILES = (50, 90, 95, 99)
 CLIENT_STALL_SHARE = 0.1
@@ -108,6 +108,9 @@ class LevelMetrics(BaseModel):
     duration_s: float | None = None
     request_tps: float | None = Field(None, description="finished requests per second")
     output_tps: float | None = Field(None, description="output tokens per second, all users")
+    output_tps_interval: tuple[float, float] | None = Field(
+        None, description="95 % bootstrap interval, requests (throughput_interval)"
+    )
     output_tps_per_user: float | None = Field(None, description="1 / median TPOT")
     ttft_ms_p50: float | None = None
     ttft_ms_p90: float | None = None
@@ -132,6 +135,14 @@ class LevelMetrics(BaseModel):
     )
     server: ServerView | None = Field(None, description="the server's own view of the level (its /metrics)")
     sizing: str | None = Field(None, description="why the level has the requests it has (eval/edge.py)")
+
+    @property
+    def output_tps_lo(self) -> float | None:
+        return self.output_tps_interval and self.output_tps_interval[0]
+
+    @property
+    def output_tps_hi(self) -> float | None:
+        return self.output_tps_interval and self.output_tps_interval[1]
 
 
 def what_broke(m: LevelMetrics) -> str:
@@ -194,9 +205,22 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
         duration_s=span,
         request_tps=per_second(len(ok)),
         output_tps=per_second(tokens),
+        output_tps_interval=throughput_interval(ok, per_second(tokens)),
         output_tps_per_user=1000 / quantiles["tpot_ms_p50"] if quantiles.get("tpot_ms_p50") else 0.0,
         **quantiles,
     )
+
+
+def throughput_interval(ok: Sequence[RequestRecord], output_tps: float) -> tuple[float, float] | None:
+    """A level's output tokens/s with a bootstrap interval over its requests. The level's figure is its tokens
+    over its wall time; with its users each sending request after request, that is the users times their
+    tokens over their requests' time, so the requests are resampled (eval/stats.py, `ratio_interval`) and the
+    figure scaled by each resample's ratio to the whole's. None without a figure."""
+    _, lo, hi = ratio_interval([r.output_tokens for r in ok], [r.e2e for r in ok])
+    point = sum(r.output_tokens for r in ok) / sum(r.e2e for r in ok) if ok else math.nan
+    if not output_tps or not point > 0 or math.isnan(lo):
+        return None
+    return output_tps * lo / point, output_tps * hi / point
 
 
 def _unheld(r: RequestRecord) -> RequestRecord:
@@ -324,14 +348,40 @@ def speedups(base: dict[int, LevelMetrics], build: dict[int, LevelMetrics]) -> d
     }
 
 
-def crossovers(ups: dict[int, float]) -> list[tuple[int, str]]:
+def speedup_intervals(base: dict[int, LevelMetrics], build: dict[int, LevelMetrics]) -> dict[int, tuple[float, float]]:
+    """Each speed-up's interval, where both levels' throughputs have one: the two sweeps are independent, so
+    the log-ratio's half-widths add in quadrature (each side from the two ends that push it that way)."""
+    out = {}
+    for c, up in speedups(base, build).items():
+        a, b = base[c], build[c]
+        if a.output_tps_interval is None or b.output_tps_interval is None or not min(*a.output_tps_interval):
+            continue
+        (a_lo, a_hi), (b_lo, b_hi) = a.output_tps_interval, b.output_tps_interval
+        down = math.hypot(math.log(b.output_tps / b_lo), math.log(a_hi / a.output_tps))
+        up_w = math.hypot(math.log(b_hi / b.output_tps), math.log(a.output_tps / a_lo))
+        out[c] = (up * math.exp(-down), up * math.exp(up_w))
+    return out
+
+
+def within_noise(span: tuple[float, float] | None) -> bool:
+    """A speed-up whose interval holds 1: faster or slower than the baseline cannot be told apart there."""
+    return span is not None and span[0] <= 1 <= span[1]
+
+
+def crossovers(
+    ups: dict[int, float], spans: dict[int, tuple[float, float]] | None = None
+) -> list[tuple[int, str, bool]]:
     """Where a speed-up crosses 1 between two swept levels: (the first level on the new side, "stops paying
-    off" or "starts paying off"), in increasing users."""
+    off" or "starts paying off", whether it is within the noise), in increasing users. A crossing is within the
+    noise where either level's speed-up interval (`spans`, speedup_intervals) holds 1; without both intervals
+    it is taken as measured."""
+    spans = spans or {}
     out = []
     levels = sorted(ups)
     for a, b in itertools.pairwise(levels):
+        noise = within_noise(spans.get(a)) or within_noise(spans.get(b))
         if ups[a] > 1 >= ups[b]:
-            out.append((b, "stops paying off"))
+            out.append((b, "stops paying off", noise))
         elif ups[a] <= 1 < ups[b]:
-            out.append((b, "starts paying off"))
+            out.append((b, "starts paying off", noise))
     return out

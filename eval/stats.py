@@ -290,6 +290,19 @@ def percentile_interval(
     return _interval(float(np.percentile(v, q)), reps, confidence)
 
 
+def ratio_interval(
+    num: Sequence[float], den: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """sum(num) / sum(den) over items resampled in pairs, with its bootstrap percentile interval: a level's
+    output tokens over its requests' time (eval/serving.py), where the requests, not the tokens, are the
+    independent draws; NaNs where there is no item or no time."""
+    n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if n.size == 0 or d.sum() <= 0:
+        return math.nan, math.nan, math.nan
+    reps_n, reps_d = _replicate_sums([n, d], resamples, seed)
+    return _interval(float(n.sum() / d.sum()), ratio(reps_n, reps_d), confidence)
+
+
 def at_most(interval: tuple[float, float, float], limit: float) -> Verdict:
     """A figure that must stay at or under `limit`, judged on its interval: PASS where the whole interval is
     within it, FAIL where the whole interval is beyond it, INCONCLUSIVE where it straddles it (or is unknown)."""

@@ -54,6 +54,12 @@ def test_a_short_sweep_over_a_real_server(served):
         assert sorted(m.step for m in steps) == [1, 2]
         goodput = MlflowClient(tracking_uri()).get_metric_history(record.run_id, "server/goodput_rps")
         assert {m.step: m.value for m in goodput} == {c: m.goodput_rps for c, m in s.per_level.items()}
+        # each level's throughput with its interval over the requests, which holds the level's figure
+        lows = MlflowClient(tracking_uri()).get_metric_history(record.run_id, "server/output_tps_lo")
+        assert {m.step: m.value for m in lows} == {c: m.output_tps_interval[0] for c, m in s.per_level.items()}
+        assert all(
+            lo - 1e-6 <= m.output_tps <= hi + 1e-6 for m in s.per_level.values() for lo, hi in [m.output_tps_interval]
+        )
 
 
 def test_a_server_that_cannot_be_reached_is_one_clear_error(own_root):

@@ -113,6 +113,48 @@ def test_a_percentiles_bootstrap_interval_by_hand():
     assert p95 == pytest.approx(150 + 0.45 * 250) and low == 100.0 and high == 400.0
 
 
+def test_a_levels_throughput_interval_by_hand():
+    # one user, request after request: 9 tokens in each, half of them taking 1 s and half 3 s
+    reqs, t = [], 0.0
+    for i in range(40):
+        gap = (1.0 if i % 2 else 3.0) / 9
+        reqs.append(_request(1, i, t, ttft=gap, gap=gap, tokens=9))
+        t = reqs[-1].end
+    m = level_metrics(reqs, Slo(10_000, 10_000))
+    assert m.output_tps == pytest.approx(360 / 80)  # tokens over the level's wall time
+    lo, hi = m.output_tps_interval
+    # the mean time of 40 requests: 2 s with a standard error of 1 / sqrt(40), so about 4.5 x 2 / (2 -+ 0.31)
+    assert lo == pytest.approx(4.5 * 2 / 2.31, rel=0.03) and hi == pytest.approx(4.5 * 2 / 1.69, rel=0.03)
+    same = [_request(1, i, 2.25 * i, ttft=0.25, gap=0.25, tokens=9) for i in range(12)]  # 9 tokens in 2.25 s
+    assert level_metrics(same, Slo(10_000, 10_000)).output_tps_interval == pytest.approx((4.0, 4.0))  # no spread
+
+
+def test_a_speedups_interval_and_a_crossing_within_the_noise_by_hand():
+    from eval.serving import crossovers, speedup_intervals
+    from pipelines.present.formats import crossing
+
+    def level(tps: float, lo: float, hi: float) -> LevelMetrics:
+        return LevelMetrics(requests=8, failed=0, meets_slo=True, output_tps=tps, output_tps_interval=(lo, hi))
+
+    base = {1: level(100, 90, 110), 4: level(200, 190, 210), 16: level(300, 290, 310)}
+    build = {1: level(120, 108, 132), 4: level(196, 186, 206), 16: level(240, 230, 250)}
+    spans = speedup_intervals(base, build)
+    # 1.2 x exp(-+ sqrt(log(120/108)^2 + log(110/100)^2)): the two sweeps' widths added in quadrature
+    assert spans[1] == pytest.approx((1.2 * math.exp(-0.14208), 1.2 * math.exp(0.14208)), rel=1e-4)
+    assert spans[1][0] > 1 and spans[4][0] < 1 < spans[4][1] and spans[16][1] < 1
+    ups = {1: 1.2, 4: 0.98, 16: 0.8}
+    assert crossovers(ups, spans) == [(4, "stops paying off", True)]  # 0.98 cannot be told from 1
+    assert crossovers(ups, {1: spans[1], 16: spans[16]}) == [(4, "stops paying off", False)]  # 4: no interval
+    assert crossovers({1: 1.2, 16: 0.8}, spans) == [(16, "stops paying off", False)]  # both ends clear
+    assert crossing(ups, "bf16", spans) == "stops paying off at 4 users (within the noise)"
+    assert crossing({1: 1.2, 16: 1.1}, "bf16") == "faster than bf16 at every level swept"
+    assert (
+        crossing({1: 1.2, 4: 1.1}, "bf16", spans)
+        == "faster than bf16 at every level swept (within the noise at 4 users)"
+    )
+    assert speedup_intervals(base, {1: LevelMetrics(requests=1, failed=0, meets_slo=True, output_tps=120)}) == {}
+
+
 def test_a_level_meets_misses_or_is_too_close_to_call_on_its_intervals():
     from eval.serving import level_verdict
     from eval.stats import Verdict, at_most

@@ -153,7 +153,7 @@ def test_speedups_and_where_they_cross_one():
     build = {1: _level(30), 4: _level(40), 16: _level(100)}
     ups = speedups(base, build)
     assert ups == {1: 1.5, 4: 1.0, 16: 1.25}
-    assert crossovers(ups) == [(4, "stops paying off"), (16, "starts paying off")]
+    assert crossovers(ups) == [(4, "stops paying off", False), (16, "starts paying off", False)]
     assert crossovers({1: 0.5, 4: 0.6}) == [] and speedups(base, {8: _level(1)}) == {}
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import eval.capacity as capacity
 import eval.gpus as gpus
-from eval.serving import LevelMetrics, speedups
+from eval.serving import LevelMetrics, speedup_intervals, speedups
 from eval.sizing import Shape
 from pipelines.core.card.cards import ModelCard, Scenario, Slo
 from pipelines.core.card.traffic import CPU
@@ -195,7 +195,7 @@ def _crossover(card: ModelCard, sweeps: dict[str, dict[int, LevelMetrics]], p: s
     base = sweeps.get(card.gate.baseline)
     if p == card.gate.baseline or base is None or p not in sweeps:
         return "-"
-    return formats.crossing(speedups(base, sweeps[p]), card.gate.baseline)
+    return formats.crossing(speedups(base, sweeps[p]), card.gate.baseline, speedup_intervals(base, sweeps[p]))
 
 
 def _usd(x: float) -> str:

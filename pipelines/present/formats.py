@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from eval.serving import crossovers
+from eval.serving import LevelMetrics, crossovers, within_noise
 from eval.stats import Verdict
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from quant.execution import Execution
@@ -101,11 +101,22 @@ def summary(decision: Decision, build: BuildVerdict | None) -> str:
     )
 
 
-def crossing(ups: dict[int, float], baseline: str) -> str:
+def tps_with_interval(m: LevelMetrics) -> str:
+    """A level's output tokens/s, with its interval over the requests where it has one: "183.2 [170.1, 195.0]"."""
+    span = f" [{m.output_tps_lo:.1f}, {m.output_tps_hi:.1f}]" if m.output_tps_interval else ""
+    return f"{m.output_tps or 0:.1f}{span}"
+
+
+def crossing(ups: dict[int, float], baseline: str, spans: dict[int, tuple[float, float]] | None = None) -> str:
     """Where a build's speed-up over the baseline, level by level, crosses 1 (eval/serving.py's crossovers),
-    or that it never does; "-" without a level in common."""
+    or that it never does; each crossing, and a level where faster and slower cannot be told apart, called
+    within the noise on the speed-ups' intervals (`spans`); "-" without a level in common."""
     if not ups:
         return "-"
-    if crossed := crossovers(ups):
-        return "; ".join(f"{what} at {c} users" for c, what in crossed)
-    return f"{'faster' if min(ups.values()) > 1 else 'slower'} than {baseline} at every level swept"
+    if crossed := crossovers(ups, spans):
+        return "; ".join(
+            f"{what} at {c} users" + (" (within the noise)" if noise else "") for c, what, noise in crossed
+        )
+    said = f"{'faster' if min(ups.values()) > 1 else 'slower'} than {baseline} at every level swept"
+    noisy = [c for c in sorted(ups) if within_noise((spans or {}).get(c))]
+    return said + (f" (within the noise at {', '.join(map(str, noisy))} users)" if noisy else "")

@@ -117,15 +117,16 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
             f"closed-loop, {served.load.requests_per_user} requests per user; objective TTFT p95 <= "
             f"{served.slo.ttft_ms:g} ms, TPOT p95 <= {served.slo.tpot_ms:g} ms.",
             "",
-            "| users | requests | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s | within the objective | on "
-            "the p95s' intervals | the server's view |",
+            "| users | requests | TTFT p50 / p95 ms | TPOT p50 / p95 ms | output tok/s [95 % interval] | within the "
+            "objective | on the p95s' intervals | the server's view |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for c, m in served.per_level.items():
             view = serving.what_broke(m) if not m.meets_slo else ""
             lines.append(
                 f"| {c} | {m.requests} | {_pair(m.ttft_ms_p50, m.ttft_ms_p95)} | {_pair(m.tpot_ms_p50, m.tpot_ms_p95)} "
-                f"| {m.output_tps or 0:.1f} | {'yes' if m.meets_slo else 'no'} | {m.slo_verdict or ''} | {view} |"
+                f"| {formats.tps_with_interval(m)} | {'yes' if m.meets_slo else 'no'} | {m.slo_verdict or ''} "
+                f"| {view} |"
             )
         if within := users_range(served):
             lines += ["", f"Users within the objective: {served.max_users_at_slo} by the p95s themselves; {within}."]

@@ -7,7 +7,7 @@ figures are random weights'.
 
 from __future__ import annotations
 
-from eval.serving import speedups
+from eval.serving import speedup_intervals, speedups
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import AtShape, ScenarioSweep, Sized
@@ -91,7 +91,9 @@ def speedup_rows(card: ModelCard, shaped: dict[str, AtShape], scenario: str) -> 
         ups = speedups(base.per_level, sw.per_level)
         cells = [f"{ups[c]:.2f}x" if c in ups else "-" for c in levels]
         where = (
-            "not swept (too slow at one user)" if sw.probe is not None else formats.crossing(ups, card.gate.baseline)
+            "not swept (too slow at one user)"
+            if sw.probe is not None
+            else formats.crossing(ups, card.gate.baseline, speedup_intervals(base.per_level, sw.per_level))
         )
         rows.append(f"| {p} | " + " | ".join(cells) + f" | {where} |")
     return rows

@@ -82,9 +82,10 @@ SERVE_METRICS: dict[str, Getter] = {
     "server/served_accuracy_differs": lambda s: s.accuracy and len(s.accuracy.findings),
 }
 _LATENCY = [f"{m}_p{q}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") for q in (50, 90, 95, 99)]
-_THROUGHPUT = ["output_tps", "output_tps_per_user", "request_tps", "goodput_rps", "slo_attainment", "failed", "bursts"]
+_THROUGHPUT = ["output_tps", "output_tps_lo", "output_tps_hi", "output_tps_per_user", "request_tps", "goodput_rps"]
+_COUNTS = ["slo_attainment", "failed", "bursts"]
 SERVE_SERIES: dict[str, Getter] = {  # step = concurrency
-    **{f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT},
+    **{f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT + _COUNTS},
     # the server's own view of each level (its /metrics; eval/server_view.py), where it exports vLLM's
     **{
         f"server/metrics_{name}": (lambda n: lambda m: m.server and getattr(m.server, n))(name)
