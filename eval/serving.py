@@ -54,6 +54,7 @@ class RequestRecord:
     # the longest the load generator's own event loop was held up while this request was in flight (a ticker's
     # lateness, eval/loadgen.py): where its tokens came late, whether the client or the server held them
     client_stall_ms: float = 0.0
+    run: int = 0  # which start of the server measured it (the card's server.starts), from 0
 
     @property
     def ttft(self) -> float | None:
@@ -162,7 +163,8 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
     failed = len(records) - len(ok)
     if not ok:
         return LevelMetrics(requests=len(records), failed=failed, meets_slo=False)
-    span = max(r.end for r in records) - min(r.start for r in records)
+    span = wall_time(records)
+    runs = [r.run for r in ok if r.ttft is not None]  # beside series["ttft_ms"]
     series = {
         "ttft_ms": _ms(r.ttft for r in ok),
         "tpot_ms": _ms(r.tpot for r in ok),
@@ -184,8 +186,8 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
         and quantiles.get("ttft_ms_p95", math.inf) <= slo.ttft_ms
         and quantiles.get("tpot_ms_p95", math.inf) <= slo.tpot_ms  # measured figures only: TPOT needs 2 tokens
     )
-    ttft = percentile_interval(series["ttft_ms"], 95)
-    tpot = percentile_interval(series["tpot_ms"], 95)  # NaNs where no request had two tokens
+    ttft = percentile_interval(series["ttft_ms"], 95, groups=runs)
+    tpot = percentile_interval(series["tpot_ms"], 95, groups=_timed(ok))  # NaNs where no request had two tokens
     verdict = level_verdict(failed, ttft, tpot, slo, bursts)
     held = [r for r in ok if r.client_stall_ms > CLIENT_STALL_SHARE * slo.ttft_ms]
     if verdict == Verdict.FAIL and held and not failed and _judged([_unheld(r) for r in ok], slo) != Verdict.FAIL:
@@ -216,11 +218,23 @@ def throughput_interval(ok: Sequence[RequestRecord], output_tps: float) -> tuple
     over its wall time; with its users each sending request after request, that is the users times their
     tokens over their requests' time, so the requests are resampled (eval/stats.py, `ratio_interval`) and the
     figure scaled by each resample's ratio to the whole's. None without a figure."""
-    _, lo, hi = ratio_interval([r.output_tokens for r in ok], [r.e2e for r in ok])
+    _, lo, hi = ratio_interval([r.output_tokens for r in ok], [r.e2e for r in ok], groups=[r.run for r in ok])
     point = sum(r.output_tokens for r in ok) / sum(r.e2e for r in ok) if ok else math.nan
     if not output_tps or not point > 0 or math.isnan(lo):
         return None
     return output_tps * lo / point, output_tps * hi / point
+
+
+def wall_time(records: Sequence[RequestRecord]) -> float:
+    """A level's wall time: from its first request's start to its last one's end, summed over the server's
+    starts (each start's requests ran apart from the others')."""
+    runs = {r.run for r in records}
+    return sum(max(r.end for r in records if r.run == k) - min(r.start for r in records if r.run == k) for k in runs)
+
+
+def _timed(records: Sequence[RequestRecord]) -> list[int]:
+    """The server start of each request with a TPOT, in the order `_ms(r.tpot ...)` lists them."""
+    return [r.run for r in records if r.tpot is not None]
 
 
 def _unheld(r: RequestRecord) -> RequestRecord:
@@ -235,8 +249,9 @@ def _unheld(r: RequestRecord) -> RequestRecord:
 
 def _judged(records: list[RequestRecord], slo: Slo) -> Verdict:
     """level_verdict on these requests."""
-    ttft = percentile_interval(_ms(r.ttft for r in records), 95)
-    tpot = percentile_interval(_ms(r.tpot for r in records), 95)
+    timed = [r for r in records if r.ttft is not None]
+    ttft = percentile_interval(_ms(r.ttft for r in timed), 95, groups=[r.run for r in timed])
+    tpot = percentile_interval(_ms(r.tpot for r in records), 95, groups=_timed(records))
     return level_verdict(0, ttft, tpot, slo, sum(r.burst for r in records))
 
 
@@ -334,6 +349,7 @@ def read_csv(path: Path) -> list[RequestRecord]:
                     token_times=tuple(float(t) for t in row["token_times"].split()),
                     error=row["error"],
                     client_stall_ms=float(row.get("client_stall_ms") or 0.0),  # absent from earlier sweeps
+                    run=int(row.get("run") or 0),
                 )
             )
     return out

@@ -276,30 +276,67 @@ def flip_rate(base_answers: Sequence[int], build_answers: Sequence[int], confide
 
 
 def percentile_interval(
-    values: Sequence[float], q: float, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+    values: Sequence[float],
+    q: float,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    groups: Sequence[int] | None = None,
 ) -> tuple[float, float, float]:
     """The q-th percentile of `values` (linear interpolation, as eval/speed.py's `percentile`) with a bootstrap
     percentile interval: the values resampled with replacement `resamples` times, the percentile of each. Over
     the requests of one load level, where a p95 of 12 requests is nearly their maximum and its interval as wide
-    as what separates builds; NaNs where there is no value."""
+    as what separates builds; NaNs where there is no value. Where `groups` number the values by the server
+    start that measured them and there is more than one, the resamples are two-stage (`two_stage`)."""
     v = np.asarray(values, dtype=float)
     if v.size == 0:
         return math.nan, math.nan, math.nan
     rng = np.random.default_rng(seed)
-    reps = np.percentile(v[rng.integers(0, v.size, size=(resamples, v.size))], q, axis=1)
+    if _several(groups):
+        reps = np.array([np.percentile(v[i], q) for i in two_stage(groups, resamples, rng)])
+    else:
+        reps = np.percentile(v[rng.integers(0, v.size, size=(resamples, v.size))], q, axis=1)
     return _interval(float(np.percentile(v, q)), reps, confidence)
 
 
+def _several(groups: Sequence[int] | None) -> bool:
+    return groups is not None and len(set(groups)) > 1
+
+
+def two_stage(groups: Sequence[int], resamples: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Index arrays of a two-stage bootstrap, one per resample: the groups (server starts) drawn with
+    replacement, then each drawn group's items (its requests) with replacement; so what differs from one start
+    to the next widens the interval, as the requests of one start cannot show (Davison and Hinkley, "Bootstrap
+    Methods and their Application", 1997, section 3.8)."""
+    g = np.asarray(groups)
+    members = [np.flatnonzero(g == k) for k in np.unique(g)]
+    out = []
+    for _ in range(resamples):
+        drawn = (members[i] for i in rng.integers(0, len(members), size=len(members)))
+        out.append(np.concatenate([m[rng.integers(0, m.size, size=m.size)] for m in drawn]))
+    return out
+
+
 def ratio_interval(
-    num: Sequence[float], den: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+    num: Sequence[float],
+    den: Sequence[float],
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    groups: Sequence[int] | None = None,
 ) -> tuple[float, float, float]:
     """sum(num) / sum(den) over items resampled in pairs, with its bootstrap percentile interval: a level's
     output tokens over its requests' time (eval/serving.py), where the requests, not the tokens, are the
-    independent draws; NaNs where there is no item or no time."""
+    independent draws; two-stage where `groups` number more than one server start (`two_stage`); NaNs where
+    there is no item or no time."""
     n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
     if n.size == 0 or d.sum() <= 0:
         return math.nan, math.nan, math.nan
-    reps_n, reps_d = _replicate_sums([n, d], resamples, seed)
+    if _several(groups):
+        picks = two_stage(groups, resamples, np.random.default_rng(seed))
+        reps_n, reps_d = np.array([n[i].sum() for i in picks]), np.array([d[i].sum() for i in picks])
+    else:
+        reps_n, reps_d = _replicate_sums([n, d], resamples, seed)
     return _interval(float(n.sum() / d.sum()), ratio(reps_n, reps_d), confidence)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import Counter
 
 import pytest
 
@@ -106,6 +107,44 @@ def test_a_sweep_finds_the_edge_of_a_server_whose_latency_grows_with_its_users(t
     assert levels[16].sizing == "missed wholly"
     assert all(m.sizing for m in levels.values())  # each level says why it has its requests
     assert all(m.requests <= c * search.max_requests_per_user for c, m in levels.items())
+
+
+@pytest.mark.integration
+def test_later_server_starts_sweep_the_levels_the_first_judged(tmp_path):
+    """Two starts of the stub (server.starts): the first adds a level toward the edge; the second is a fresh server
+    that sweeps the same levels with as many requests, its records numbered by start; the summary judges the
+    pooled requests, each level's wall time summed over the starts."""
+    import eval.loadgen as loadgen
+    import eval.serving as serving
+    import eval.stream_stub as stream_stub
+    from pipelines.core.system.procs import running
+    from pipelines.stages import sweep
+
+    cmd = [sys.executable, "-m", stream_stub.__name__, "--port", "{port}", "--ms-per-user", "20"]
+    search = EdgeSearch(levels=1, tolerance=1, interval_share=0.5, max_requests_per_user=3, max_s=60)
+    load = loadgen.LoadSettings(
+        api="completions", concurrency=[1, 16], requests_per_user=3, warmup=1, input_len=1, output_len=2,
+        timeout_s=30, edge=search,
+    )  # fmt: skip
+    slo, prompts = serving.Slo(ttft_ms=210, tpot_ms=1000), ["x"] * loadgen.prompts_needed(load)
+    started = []
+
+    def start(log):
+        started.append(log.name)
+        return running(cmd, log, 60, "the stub endpoint")
+
+    with start(tmp_path / "server.log") as url:
+        first = sweep.run_levels("stub", url, "stub", load, prompts, slo, "log")
+    records = sweep.more_starts("stub", 2, start, "stub", load, prompts, slo, tmp_path, first)
+    assert started == ["server.log", "server-2.log"]
+    by_start = [[(r.concurrency, r.index) for r in records if r.run == k] for k in range(2)]
+    assert sorted(by_start[0]) == by_start[1] and {c for c, _ in by_start[0]} == {1, 8, 16}  # 8: the added level
+    ceiling = sweep.GeneratorCeiling(chunks_per_s=1e6, concurrency=1, failed=0)
+    levels = sweep.levels_summary(records, slo, ceiling)["per_level"]
+    assert {c: m.requests for c, m in levels.items()} == {
+        c: 2 * n for c, n in Counter(c for c, _ in by_start[0]).items()
+    }
+    assert levels[16].slo_verdict == Verdict.FAIL and levels[1].slo_verdict == Verdict.PASS
 
 
 @pytest.mark.integration

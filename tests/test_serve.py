@@ -25,15 +25,21 @@ def _on(card, **server):
 def served(own_root):
     card = _on(load_card("ref-small"), engine="transformers")
     tracker = MlflowTracker(card.name)
-    return {p: serve(card, p, tracker) for p in ("bf16", "gptq")}
+    # gptq's server is started twice (server.starts): the second start sweeps the levels the first judged
+    return {p: serve(_on(card, starts=2) if p == "gptq" else card, p, tracker) for p in ("bf16", "gptq")}
 
 
 def test_a_short_sweep_over_a_real_server(served):
-    for record in served.values():
+    for p, record in served.items():
         records = read_csv(record.path / "requests.csv")
-        # the grid's 2 + 4 requests, and any rounds of 2 per user its intervals asked for (server.edge)
-        asked = {c: m.requests for c, m in record.result.per_level.items()}
-        assert [(r.concurrency, r.index) for r in records] == [(c, i) for c, n in asked.items() for i in range(n)]
+        starts = 2 if p == "gptq" else 1
+        # the grid's 2 + 4 requests, and any rounds of 2 per user its intervals asked for (server.edge); each
+        # start after the first the same levels with as many requests, its records numbered by start
+        asked = {c: m.requests // starts for c, m in record.result.per_level.items()}
+        assert [(r.run, r.concurrency, r.index) for r in records] == [
+            (k, c, i) for k in range(starts) for c, n in asked.items() for i in range(n)
+        ]
+        assert record.result.starts == starts and (record.path / "server-2.log").exists() == (starts == 2)
         assert list(asked) == [1, 2] and asked[1] in range(2, 9, 2) and asked[2] in range(4, 17, 4)
         assert all(r.ok for r in records), [r.error for r in records if not r.ok]
         assert {r.output_tokens for r in records} == {8}  # exactly the card's output length
@@ -48,7 +54,7 @@ def test_a_short_sweep_over_a_real_server(served):
         assert all(m.ttft_ms_p50 <= m.ttft_ms_p90 <= m.ttft_ms_p99 for m in s.per_level.values())
 
         data = MlflowClient(tracking_uri()).get_run(record.run_id).data
-        assert data.params["server.engine"] == "transformers"
+        assert data.params["server.engine"] == "transformers" and data.params["server.starts"] == str(starts)
         assert data.tags["qeval.stage.serve"] == "done"
         steps = MlflowClient(tracking_uri()).get_metric_history(record.run_id, "server/ttft_ms_p90")
         assert sorted(m.step for m in steps) == [1, 2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -127,6 +128,24 @@ def test_a_levels_throughput_interval_by_hand():
     assert lo == pytest.approx(4.5 * 2 / 2.31, rel=0.03) and hi == pytest.approx(4.5 * 2 / 1.69, rel=0.03)
     same = [_request(1, i, 2.25 * i, ttft=0.25, gap=0.25, tokens=9) for i in range(12)]  # 9 tokens in 2.25 s
     assert level_metrics(same, Slo(10_000, 10_000)).output_tps_interval == pytest.approx((4.0, 4.0))  # no spread
+
+
+def test_intervals_over_several_server_starts_by_hand():
+    from eval.stats import percentile_interval, ratio_interval
+
+    # two starts, each steady within itself: 100 ms in the first, 300 ms in the second
+    values, starts = [100.0] * 10 + [300.0] * 10, [0] * 10 + [1] * 10
+    assert percentile_interval(values, 95) == (300.0, 300.0, 300.0)  # the requests alone: no doubt at all
+    # the starts drawn first: a quarter of the resamples are the first start twice over
+    assert percentile_interval(values, 95, groups=starts) == (300.0, 100.0, 300.0)
+    assert percentile_interval(values, 95, groups=[0] * 20) == percentile_interval(values, 95)  # one start: as before
+    tokens, seconds = [10.0] * 20, [1.0] * 10 + [3.0] * 10
+    assert ratio_interval(tokens, seconds, groups=starts) == pytest.approx((5.0, 10 / 3, 10.0))
+    # a level's wall time is summed over its starts, not taken across the pause between them
+    first = [_request(1, i, 2.0 * i, ttft=2 / 9, gap=2 / 9, tokens=9) for i in range(5)]  # 10 s
+    later = [replace(_request(1, i, 500 + 2.0 * i, ttft=2 / 9, gap=2 / 9, tokens=9), run=1) for i in range(5)]
+    m = level_metrics(first + later, Slo(10_000, 10_000))
+    assert m.duration_s == pytest.approx(20.0) and m.output_tps == pytest.approx(90 / 20)
 
 
 def test_a_speedups_interval_and_a_crossing_within_the_noise_by_hand():

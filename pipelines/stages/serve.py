@@ -142,6 +142,13 @@ def serve(
     if capped:
         log.info("%s@%s, scenario %s: %s", card.name, precision, name, capped)
     engine = "external" if url else engines.choose_engine(srv.engine)
+    if url and srv.starts > 1:
+        log.warning(
+            "%s: server.starts is %d, but the server at %s is not qeval's to start again: one sweep",
+            card.name,
+            srv.starts,
+            url,
+        )
     device, device_name = engines.this_device()
     fallback = engines.vllm_cannot_run(precision, device) if engine == "vllm" else None
     if fallback:
@@ -194,6 +201,8 @@ def serve(
         "vllm": settings.model_dump() if settings else None,
         "url": url,
         "load": load.model_dump(),
+        # a server the user runs is not qeval's to start again; one start adds nothing to the key
+        **({"starts": srv.starts} if srv.starts > 1 and not url else {}),
         "slo": s.slo_of(scenario).model_dump(),
         "served_accuracy": scored.model_dump(mode="json", exclude={"checkpoint", "include_path"}) if scored else None,
         "offline": offline.inputs_digest if offline else None,
@@ -283,18 +292,25 @@ def _sweep(
     else:
         cmd, env = launch
         what = f"{engine} serve for {label}"
+
+        def start(server_log: Path):
+            return running(cmd, server_log, card.server.start_timeout_s, what, {**offline_env(card), **env})
+
         log.info("starting %s (log: %s)", what, out / "server.log")
-        with running(cmd, out / "server.log", card.server.start_timeout_s, what, {**offline_env(card), **env}) as base:
+        with start(out / "server.log") as base:
             records = sweep.run_levels(label, base, checkpoint, load, prompts, slo, where, seen)
             sweep.check_alive(label, base, records, out, where)
             if scored is not None:
                 log.info("%s: lm-eval %s against the server", label, ", ".join(scored.tasks))
                 scores = served_accuracy.score(card, scored, base, out)
+        if card.server.starts > 1:
+            records = sweep.more_starts(label, card.server.starts, start, checkpoint, load, prompts, slo, out, records)
     serving.write_csv(records, out / "requests.csv")
     served = Served(
         engine=engine,
         execution=Execution.UNKNOWN,
         load=load,
+        starts=len({r.run for r in records}) or 1,
         slo=objective,
         generator_ceiling=ceiling,
         **sweep.levels_summary(records, slo, ceiling, seen),

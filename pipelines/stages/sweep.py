@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import eval.edge as edge
@@ -82,13 +84,17 @@ def run_levels(
     slo: serving.Slo,
     where: str,
     seen: Seen | None = None,
+    fixed: dict[int, int] | None = None,
 ) -> list[serving.RequestRecord]:
     """Sweep the server at `base_url` over `load`'s levels, a progress line per level, then (where `load.edge`
     says) the levels that bisect toward the objective's edge, each level with the requests its p95s' intervals
     need (eval/edge.py); `where` names what to read when it fails (its log, or the URL of a server the user
-    runs). `seen`, where given, gets the server's own view of each level and why it has its requests."""
+    runs). `seen`, where given, gets the server's own view of each level and why it has its requests. `fixed`
+    (users -> requests) sweeps those levels instead, with those requests each, and adds none."""
     before: dict[int, server_view.Snapshot | None] = {}
     verdicts: dict[int, serving.Verdict] = {}
+    if fixed:
+        load = load.model_copy(update={"concurrency": sorted(fixed), "edge": None})
     search = load.edge
     began = time.monotonic()
     added = 0  # levels the edge search has added
@@ -103,6 +109,8 @@ def run_levels(
     def more(c: int, level: list[serving.RequestRecord]) -> bool:
         """Another round at level c while a p95's interval is too wide, within the card's bounds; the
         level's reason for its requests noted."""
+        if fixed:
+            return len(level) < fixed[c]
         if search is None:
             return False
         m = serving.level_metrics(level, slo)
@@ -188,6 +196,36 @@ def run_levels(
         return loadgen.sweep(cfg, prompts, level_done, starting, more, then)
     except RuntimeError as e:
         raise QevalError(f"{label} server: {e}; check {where}") from None
+
+
+def more_starts(
+    label: str,
+    starts: int,
+    start_server: Callable[[Path], AbstractContextManager[str]],
+    model: str,
+    load: loadgen.LoadSettings,
+    prompts: Sequence[loadgen.Prompt],
+    slo: serving.Slo,
+    out: Path,
+    first: list[serving.RequestRecord],
+) -> list[serving.RequestRecord]:
+    """The first start's records and those of starts 2 to `starts` (the card's server.starts): each a server
+    started afresh (`start_server(its log)`, a context giving its URL; the log `server-K.log` in `out`), swept
+    over the levels the first start judged with as many requests each, its records numbered by start (`run`);
+    so that a level's intervals cover what differs from one start to the next (eval/stats.py, `two_stage`)."""
+    levels = dict(Counter(r.concurrency for r in first))
+    out_records = list(first)
+    for k in range(1, starts):
+        server_log = out / f"server-{k + 1}.log"
+        where = f"its log {server_log}"
+        log.info("%s: server start %d of %d, the first start's %d levels again", label, k + 1, starts, len(levels))
+        with start_server(server_log) as url:
+            records = [
+                replace(r, run=k) for r in run_levels(label, url, model, load, prompts, slo, where, fixed=levels)
+            ]
+            check_alive(label, url, out_records + records, out, where)
+        out_records += records
+    return out_records
 
 
 def check_alive(label: str, base_url: str, records: list[serving.RequestRecord], out: Path, where: str) -> None:

@@ -146,12 +146,8 @@ GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
     "cost/users_per_instance": lambda b: b.speed.cost.users_per_instance if b.speed.cost else None,
     "cost/measured": lambda b: float(b.speed.cost.measured) if b.speed.cost else None,  # 1 measured, 0 projected
     # its range where measured on intervals: _lo the optimistic end, _hi the conservative (CostFigure)
-    "cost/usd_per_mtok_lo": lambda b: (
-        b.speed.cost and b.speed.cost.usd_per_mtok_range and b.speed.cost.usd_per_mtok_range[0]
-    ),
-    "cost/usd_per_mtok_hi": lambda b: (
-        b.speed.cost and b.speed.cost.usd_per_mtok_range and b.speed.cost.usd_per_mtok_range[1]
-    ),
+    "cost/usd_per_mtok_lo": lambda b: b.speed.cost and b.speed.cost.mtok_end(0),
+    "cost/usd_per_mtok_hi": lambda b: b.speed.cost and b.speed.cost.mtok_end(1),
 }
 
 GATE_TASK = "gate/{task}/"
@@ -324,6 +320,7 @@ SERVE_PARAMS: dict[str, Getter] = {
     "server.accuracy_limit": lambda s: s.accuracy and str(s.accuracy.config.limit),
     "server.accuracy_batch_size": lambda s: s.accuracy and s.accuracy.config.batch_size,
     "server.slo": lambda s: f"TTFT p95 <= {s.slo.ttft_ms:g} ms, TPOT p95 <= {s.slo.tpot_ms:g} ms",
+    "server.starts": lambda s: s.starts,
 }
 SHAPE_PARAMS: dict[str, Getter] = {
     "shape.weights": lambda s: s.weights,

@@ -200,6 +200,13 @@ class Server(_Strict):
     api: Literal["completions", "chat"] = Field("completions", description="endpoint the load generator drives")
     requests_per_user: PositiveInt = Field(4, description="measured requests per level = concurrency x this")
     edge: EdgeSearch = Field(EdgeSearch(), description="levels added toward the objective's edge; requests per level")
+    starts: PositiveInt = Field(
+        1,
+        le=10,
+        description="independent starts of each build's server qeval starts: the first sweeps the grid and the edge, "
+        "each other the levels the first judged with as many requests; a level's intervals then resample the starts, "
+        "then their requests",
+    )
     warmup: int = Field(2, ge=0, description="untimed warm-up rounds at the highest concurrency before the sweep")
     timeout_s: float = Field(120, gt=0, description="per request; a request that takes longer fails")
     warmup_timeout_s: float | None = Field(

@@ -281,6 +281,7 @@ class Served(StageResult, ServedOn):
         "for a server the user runs"
     )
     load: LoadSettings
+    starts: int = Field(1, description="the server's starts its levels' requests came from (card server.starts)")
     slo: Slo
     per_level: dict[int, LevelMetrics]
     max_users_at_slo: int

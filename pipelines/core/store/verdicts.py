@@ -50,6 +50,10 @@ class CostFigure:
     devices_range: tuple[int | None, int | None] | None = None
     usd_per_mtok_range: tuple[float | None, float | None] | None = None
 
+    def mtok_end(self, i: int) -> float | None:
+        """End `i` of the $ per million output tokens range (0 optimistic, 1 conservative); None without one."""
+        return self.usd_per_mtok_range[i] if self.usd_per_mtok_range else None
+
     @property
     def judged(self) -> float | None:
         """The $ per million output tokens choices rest on: the conservative end where there is a range."""
