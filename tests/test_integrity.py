@@ -235,6 +235,25 @@ def test_a_server_dies_with_the_process_that_started_it(tmp_path, how):
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.integration
+def test_a_server_runs_below_the_priority_of_the_process_that_measures_it(tmp_path):
+    """running(nice=N), as every server a sweep measures runs (sweep.SERVER_NICE): the watchdog and the server N
+    steps below this process, their session's scheduling group too where the kernel groups sessions, and the
+    server's log says what was set."""
+    from pipelines.core.system.procs import running
+
+    marker, log = f"qeval-test-nice-{os.getpid()}", tmp_path / "server.log"
+    with running([sys.executable, "-c", _SERVER, "{port}", marker], log, 30, "a server", nice=7):
+        said = log.read_text()
+        pids = processes_naming(marker)
+        assert len(pids) >= 2  # the watchdog and the server
+        for pid in pids:
+            assert int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16]) == os.nice(0) + 7
+            if "its session's scheduling group at nice 7" in said:
+                assert Path(f"/proc/{pid}/autogroup").read_text().split()[-1] == "7"
+    assert "qeval: the server runs below normal priority: nice 7" in said
+
+
 # ---- 8. code a model ships --------------------------------------------------------------------------------
 
 

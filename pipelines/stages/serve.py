@@ -294,7 +294,8 @@ def _sweep(
         what = f"{engine} serve for {label}"
 
         def start(server_log: Path):
-            return running(cmd, server_log, card.server.start_timeout_s, what, {**offline_env(card), **env})
+            env_all = {**offline_env(card), **env}
+            return running(cmd, server_log, card.server.start_timeout_s, what, env_all, sweep.SERVER_NICE)
 
         log.info("starting %s (log: %s)", what, out / "server.log")
         with start(out / "server.log") as base:

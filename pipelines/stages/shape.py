@@ -216,7 +216,9 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         else:
             cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
             log.info("starting vLLM for %s (log: %s)", label, out / "server.log")
-            with running(cmd, out / "server.log", srv.start_timeout_s, f"vLLM for {label}", env) as base:
+            with running(
+                cmd, out / "server.log", srv.start_timeout_s, f"vLLM for {label}", env, sweep.SERVER_NICE
+            ) as base:
                 for name, (load, objective, capped) in points.items():
                     if capped:
                         log.info("%s, scenario %s: %s", label, name, capped)

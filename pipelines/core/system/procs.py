@@ -54,15 +54,26 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log_path: Pat
 
 
 @contextmanager
-def running(cmd: list[str], log_path: Path, timeout: float, what: str, env: dict | None = None) -> Iterator[str]:
+def running(
+    cmd: list[str], log_path: Path, timeout: float, what: str, env: dict | None = None, nice: int = 0
+) -> Iterator[str]:
     """Start a server on a free loopback port (`{port}` in cmd), wait for /health, always stop its group.
 
     Yields the server's base URL; a server that exits or stays unhealthy is one error naming its log. The
-    server runs under watchdog.py, which stops its group should this process be killed (SIGKILL included).
+    server runs under watchdog.py, which stops its group should this process be killed (SIGKILL included),
+    and with `nice`, runs it that many steps below normal priority.
     """
     port = free_port()
     # under a watchdog that stops the server's group when this process dies, however it dies
-    cmd = [sys.executable, str(WATCHDOG), str(os.getpid()), "--", *(c.replace("{port}", str(port)) for c in cmd)]
+    lower = ["--nice", str(nice)] if nice else []
+    cmd = [
+        sys.executable,
+        str(WATCHDOG),
+        str(os.getpid()),
+        *lower,
+        "--",
+        *(c.replace("{port}", str(port)) for c in cmd),
+    ]
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
