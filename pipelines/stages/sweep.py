@@ -32,8 +32,8 @@ CEILING_OUTPUT = 256  # chunks per request against the stub
 SERVER_NICE = 10
 """How far below normal priority a server qeval sweeps runs (procs.running): where the server and the load
 generator share a machine's cores, the generator otherwise waits behind the server's busy threads (seen for
-seconds on two cores), and tokens it has not read look late and bunched (docs/measurement.md, "The load
-generator's own stalls"). The other way round, the little the generator takes shows in the server's
+seconds on two cores), and tokens it has not read look late and bunched (docs/measurement.md, "How the
+server is measured"). The other way round, the little the generator takes shows in the server's
 latencies, which is where a measurement can bear it."""
 
 
