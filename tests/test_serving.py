@@ -171,6 +171,10 @@ def test_a_speedups_interval_and_a_crossing_within_the_noise_by_hand():
         crossing({1: 1.2, 4: 1.1}, "bf16", spans)
         == "faster than bf16 at every level swept (within the noise at 4 users)"
     )
+    assert (
+        crossing({1: 0.98, 4: 0.8}, "bf16", {1: (0.9, 1.05), 4: (0.7, 0.9)})
+        == "slower than bf16 at every level swept (within the noise at 1 user)"
+    )
     assert speedup_intervals(base, {1: LevelMetrics(requests=1, failed=0, meets_slo=True, output_tps=120)}) == {}
 
 

@@ -119,4 +119,5 @@ def crossing(ups: dict[int, float], baseline: str, spans: dict[int, tuple[float,
         )
     said = f"{'faster' if min(ups.values()) > 1 else 'slower'} than {baseline} at every level swept"
     noisy = [c for c in sorted(ups) if within_noise((spans or {}).get(c))]
-    return said + (f" (within the noise at {', '.join(map(str, noisy))} users)" if noisy else "")
+    users = "user" if noisy == [1] else "users"
+    return said + (f" (within the noise at {', '.join(map(str, noisy))} {users})" if noisy else "")
