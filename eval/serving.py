@@ -164,10 +164,10 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
     if not ok:
         return LevelMetrics(requests=len(records), failed=failed, meets_slo=False)
     span = wall_time(records)
-    runs = [r.run for r in ok if r.ttft is not None]  # beside series["ttft_ms"]
+    (ttft_ms, ttft_runs), (tpot_ms, tpot_runs) = _by_run(ok, "ttft"), _by_run(ok, "tpot")
     series = {
-        "ttft_ms": _ms(r.ttft for r in ok),
-        "tpot_ms": _ms(r.tpot for r in ok),
+        "ttft_ms": ttft_ms,
+        "tpot_ms": tpot_ms,
         "itl_ms": _ms(g for r in ok for g in r.itls),
         "e2e_ms": _ms(r.e2e for r in ok),
     }
@@ -186,8 +186,8 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
         and quantiles.get("ttft_ms_p95", math.inf) <= slo.ttft_ms
         and quantiles.get("tpot_ms_p95", math.inf) <= slo.tpot_ms  # measured figures only: TPOT needs 2 tokens
     )
-    ttft = percentile_interval(series["ttft_ms"], 95, groups=runs)
-    tpot = percentile_interval(series["tpot_ms"], 95, groups=_timed(ok))  # NaNs where no request had two tokens
+    ttft = percentile_interval(ttft_ms, 95, groups=ttft_runs)
+    tpot = percentile_interval(tpot_ms, 95, groups=tpot_runs)  # NaNs where no request had two tokens
     verdict = level_verdict(failed, ttft, tpot, slo, bursts)
     held = [r for r in ok if r.client_stall_ms > CLIENT_STALL_SHARE * slo.ttft_ms]
     if verdict == Verdict.FAIL and held and not failed and _judged([_unheld(r) for r in ok], slo) != Verdict.FAIL:
@@ -218,8 +218,7 @@ def throughput_interval(ok: Sequence[RequestRecord], output_tps: float) -> tuple
     over its wall time; with its users each sending request after request, that is the users times their
     tokens over their requests' time, so the requests are resampled (eval/stats.py, `ratio_interval`) and the
     figure scaled by each resample's ratio to the whole's. None without a figure."""
-    _, lo, hi = ratio_interval([r.output_tokens for r in ok], [r.e2e for r in ok], groups=[r.run for r in ok])
-    point = sum(r.output_tokens for r in ok) / sum(r.e2e for r in ok) if ok else math.nan
+    point, lo, hi = ratio_interval([r.output_tokens for r in ok], [r.e2e for r in ok], groups=[r.run for r in ok])
     if not output_tps or not point > 0 or math.isnan(lo):
         return None
     return output_tps * lo / point, output_tps * hi / point
@@ -232,9 +231,10 @@ def wall_time(records: Sequence[RequestRecord]) -> float:
     return sum(max(r.end for r in records if r.run == k) - min(r.start for r in records if r.run == k) for k in runs)
 
 
-def _timed(records: Sequence[RequestRecord]) -> list[int]:
-    """The server start of each request with a TPOT, in the order `_ms(r.tpot ...)` lists them."""
-    return [r.run for r in records if r.tpot is not None]
+def _by_run(records: Sequence[RequestRecord], what: str) -> tuple[list[float], list[int]]:
+    """Each request's `what` (ttft or tpot) in ms where it has one, and the server start that measured it."""
+    timed = [(1000 * v, r.run) for r in records if (v := getattr(r, what)) is not None]
+    return [v for v, _ in timed], [k for _, k in timed]
 
 
 def _unheld(r: RequestRecord) -> RequestRecord:
@@ -249,9 +249,9 @@ def _unheld(r: RequestRecord) -> RequestRecord:
 
 def _judged(records: list[RequestRecord], slo: Slo) -> Verdict:
     """level_verdict on these requests."""
-    timed = [r for r in records if r.ttft is not None]
-    ttft = percentile_interval(_ms(r.ttft for r in timed), 95, groups=[r.run for r in timed])
-    tpot = percentile_interval(_ms(r.tpot for r in records), 95, groups=_timed(records))
+    (ttft_ms, ttft_runs), (tpot_ms, tpot_runs) = _by_run(records, "ttft"), _by_run(records, "tpot")
+    ttft = percentile_interval(ttft_ms, 95, groups=ttft_runs)
+    tpot = percentile_interval(tpot_ms, 95, groups=tpot_runs)
     return level_verdict(0, ttft, tpot, slo, sum(r.burst for r in records))
 
 
@@ -352,52 +352,4 @@ def read_csv(path: Path) -> list[RequestRecord]:
                     run=int(row.get("run") or 0),
                 )
             )
-    return out
-
-
-def speedups(base: dict[int, LevelMetrics], build: dict[int, LevelMetrics]) -> dict[int, float]:
-    """Output tokens/s of a build over the baseline's at each number of users both were swept at."""
-    return {
-        c: build[c].output_tps / base[c].output_tps
-        for c in sorted(set(base) & set(build))
-        if build[c].output_tps and base[c].output_tps
-    }
-
-
-def speedup_intervals(base: dict[int, LevelMetrics], build: dict[int, LevelMetrics]) -> dict[int, tuple[float, float]]:
-    """Each speed-up's interval, where both levels' throughputs have one: the two sweeps are independent, so
-    the log-ratio's half-widths add in quadrature (each side from the two ends that push it that way)."""
-    out = {}
-    for c, up in speedups(base, build).items():
-        a, b = base[c], build[c]
-        if a.output_tps_interval is None or b.output_tps_interval is None or not min(*a.output_tps_interval):
-            continue
-        (a_lo, a_hi), (b_lo, b_hi) = a.output_tps_interval, b.output_tps_interval
-        down = math.hypot(math.log(b.output_tps / b_lo), math.log(a_hi / a.output_tps))
-        up_w = math.hypot(math.log(b_hi / b.output_tps), math.log(a.output_tps / a_lo))
-        out[c] = (up * math.exp(-down), up * math.exp(up_w))
-    return out
-
-
-def within_noise(span: tuple[float, float] | None) -> bool:
-    """A speed-up whose interval holds 1: faster or slower than the baseline cannot be told apart there."""
-    return span is not None and span[0] <= 1 <= span[1]
-
-
-def crossovers(
-    ups: dict[int, float], spans: dict[int, tuple[float, float]] | None = None
-) -> list[tuple[int, str, bool]]:
-    """Where a speed-up crosses 1 between two swept levels: (the first level on the new side, "stops paying
-    off" or "starts paying off", whether it is within the noise), in increasing users. A crossing is within the
-    noise where either level's speed-up interval (`spans`, speedup_intervals) holds 1; without both intervals
-    it is taken as measured."""
-    spans = spans or {}
-    out = []
-    levels = sorted(ups)
-    for a, b in itertools.pairwise(levels):
-        noise = within_noise(spans.get(a)) or within_noise(spans.get(b))
-        if ups[a] > 1 >= ups[b]:
-            out.append((b, "stops paying off", noise))
-        elif ups[a] <= 1 < ups[b]:
-            out.append((b, "starts paying off", noise))
     return out

@@ -149,7 +149,7 @@ def test_intervals_over_several_server_starts_by_hand():
 
 
 def test_a_speedups_interval_and_a_crossing_within_the_noise_by_hand():
-    from eval.serving import crossovers, speedup_intervals
+    from eval.speedup import crossovers, speedup_intervals
     from pipelines.present.formats import crossing
 
     def level(tps: float, lo: float, hi: float) -> LevelMetrics:

@@ -15,8 +15,9 @@ from helpers import REPO, TINY, env_with, last_json_line
 
 from conftest import use_root
 from eval import loadgen, serving
-from eval.serving import LevelMetrics, RequestRecord, Slo, crossovers, length_mismatches, speedups
+from eval.serving import LevelMetrics, RequestRecord, Slo, length_mismatches
 from eval.sizing import Shape
+from eval.speedup import crossovers, speedups
 from pipelines.core.card.cards import parse_card
 from pipelines.core.framework.registry import FULL_RUN, SPEED_HALF
 from pipelines.core.system.errors import QevalError

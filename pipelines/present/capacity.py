@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import eval.capacity as capacity
 import eval.gpus as gpus
-from eval.serving import LevelMetrics, speedup_intervals, speedups
+from eval.serving import LevelMetrics
 from eval.sizing import Shape
+from eval.speedup import speedup_intervals, speedups
 from pipelines.core.card.cards import ModelCard, Scenario, Slo
 from pipelines.core.card.traffic import CPU
 from pipelines.core.framework.weights import architecture

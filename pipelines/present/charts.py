@@ -12,7 +12,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
-from eval.serving import speedups
+from eval.speedup import speedups
 from eval.stats import Verdict
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import result_of

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-from eval.serving import LevelMetrics, crossovers, within_noise
+from eval.serving import LevelMetrics
+from eval.speedup import crossovers, within_noise
 from eval.stats import Verdict
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from quant.execution import Execution
@@ -108,7 +109,7 @@ def tps_with_interval(m: LevelMetrics) -> str:
 
 
 def crossing(ups: dict[int, float], baseline: str, spans: dict[int, tuple[float, float]] | None = None) -> str:
-    """Where a build's speed-up over the baseline, level by level, crosses 1 (eval/serving.py's crossovers),
+    """Where a build's speed-up over the baseline, level by level, crosses 1 (eval/speedup.py, crossovers),
     or that it never does; each crossing, and a level where faster and slower cannot be told apart, called
     within the noise on the speed-ups' intervals (`spans`); "-" without a level in common."""
     if not ups:
