@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from eval.kvcache import attention_name, fp8_kv_attention
-from eval.qdq_bounds import clamp_with_number_bounds
+from eval.qdq_fast import same_values_faster
 from eval.records import GENERATED_IDS, RESULTS_FILE, AccuracyResult, scores
 from eval.stopping import StopScoring, first_stop
 from quant.lookup import suggest
@@ -123,7 +123,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     if cfg.kv_cache_dtype != "auto" and backend == "local-completions":
         raise ValueError(f"a {cfg.kv_cache_dtype} KV cache is the server's to keep, not local-completions'")
     if backend == "hf":
-        clamp_with_number_bounds()  # a W8A8 or FP8 build's emulated activation quantization, same values, faster
+        same_values_faster()  # a W8A8 or FP8 build's emulated activation quantization (eval/qdq_fast.py)
         if cfg.kv_cache_dtype == "fp8":
             fp8_kv_attention(query=cfg.fp8_query)
     elif backend == "vllm":

@@ -178,7 +178,7 @@ def test_number_bounds_fake_quantize_to_the_same_bits(kind):
     from compressed_tensors.quantization.lifecycle import forward
     from compressed_tensors.quantization.utils import calculate_range
 
-    from eval.qdq_bounds import clamp_with_number_bounds
+    from eval.qdq_fast import clamp_with_number_bounds
 
     args = QuantizationArgs(num_bits=8, type=kind, strategy="token", symmetric=True, dynamic=True)
     # upstream still hands the range as tensors, the slow clamp this works around: when it stops, drop the patch
@@ -200,3 +200,56 @@ def test_number_bounds_fake_quantize_to_the_same_bits(kind):
         assert on_meta.device.type == "meta" and on_meta.shape == x.shape
     finally:
         forward.calculate_range = before
+
+
+def _bits(t):
+    """A float tensor's bits as integers (so that -0.0 and 0.0 differ, as they do in the tensor)."""
+    import torch
+
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def test_fp8_by_lookup_rounds_to_the_same_bits():
+    """Every float8 E4M3 code, and values beyond the range, through upstream's rounding and through the table:
+    the same bits in each dtype; the fake quantization an FP8 layer runs gives the same tensor; INT8, and a
+    rounding that keeps the float8 tensor, still go to upstream."""
+    import torch
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle import forward, forward_helpers
+    from compressed_tensors.quantization.quant_args import round_to_quantized_type_args
+
+    from eval.qdq_fast import fp8_back_by_lookup
+
+    fp8 = QuantizationArgs(num_bits=8, type="float", strategy="token", symmetric=True, dynamic=True)
+    int8 = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
+    every_code = torch.arange(256, dtype=torch.int16).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    every_code = every_code[~every_code.isnan()]  # NaN is no value a clamped activation reaches
+    x = torch.randn(4, 64, 256, generator=torch.Generator().manual_seed(0)) * 300  # many beyond ±448
+    scale = x.abs().amax(-1, keepdim=True) / 300
+    before = forward_helpers.round_to_quantized_type_args  # an in-process evaluation may have patched it
+    forward_helpers.round_to_quantized_type_args = round_to_quantized_type_args
+    try:
+        expected = {
+            dtype: (
+                [round_to_quantized_type_args(v.to(dtype), fp8, -448.0, 448.0) for v in (every_code, x)],
+                forward.fake_quantize(x.to(dtype), scale.to(dtype), None, fp8),
+            )
+            for dtype in (torch.bfloat16, torch.float16, torch.float32)
+        }
+        assert fp8_back_by_lookup() and not fp8_back_by_lookup()
+        patched = forward_helpers.round_to_quantized_type_args
+        for dtype, (rounded, fake) in expected.items():
+            got = [patched(v.to(dtype), fp8, -448.0, 448.0) for v in (every_code, x)]
+            for g, e in zip(got, rounded, strict=True):
+                assert g.dtype == e.dtype and g.shape == e.shape and torch.equal(_bits(g), _bits(e))
+            got_fake = forward.fake_quantize(x.to(dtype), scale.to(dtype), None, fp8)
+            assert torch.equal(_bits(got_fake), _bits(fake))
+        across = x.transpose(0, 2)  # not contiguous: torch's cast, which keeps the layout
+        assert torch.equal(
+            _bits(patched(across, fp8, -448.0, 448.0)), _bits(round_to_quantized_type_args(across, fp8, -448.0, 448.0))
+        )
+        kept = patched(x, fp8, -448.0, 448.0, cast_to_original_dtype=False)
+        assert kept.dtype == torch.float8_e4m3fn
+        assert torch.equal(patched(x, int8, -128.0, 127.0), round_to_quantized_type_args(x, int8, -128.0, 127.0))
+    finally:
+        forward_helpers.round_to_quantized_type_args = before

@@ -1,0 +1,94 @@
+"""compressed-tensors' emulated activation quantization, the same values, faster: two patches for a process.
+
+compressed-tensors 0.19 quantizes and dequantizes a W8A8 or FP8 layer's activations at every forward in
+transformers (quantization/lifecycle/forward_helpers.py, `_quantize_dequantize`, through quant_args.py's
+`round_to_quantized_type_args`). Two of its steps take a slow path of torch's on a CPU; each patch below gives
+the same tensor by a faster path, and tests/test_evaluate.py checks both bit for bit and says when upstream
+no longer needs them (docs/toolchain.md, "transformers"):
+
+- `clamp_with_number_bounds`: the quantized range reaches `torch.clamp` as two 0-d tensors (`calculate_range`);
+  torch's clamp with tensor bounds is the slow path. The range's ends (-128 and 127 for INT8, ±448 for FP8
+  E4M3) are exact in every float dtype, so clamping with them as numbers gives the same tensor.
+- `fp8_back_by_lookup`: FP8's rounding casts to float8 E4M3 and back to the activations' dtype, and torch's
+  CPU cast back is the slow half. Every E4M3 value is exact in bfloat16, float16 and float32, so a table of
+  the 256 codes cast once by torch itself, indexed by each value's code, gives the cast's bits (`from_fp8`,
+  which eval/kvcache.py's emulated FP8 cache uses too).
+"""
+
+from __future__ import annotations
+
+
+def same_values_faster() -> None:
+    """Both patches, in this process (each once)."""
+    clamp_with_number_bounds()
+    fp8_back_by_lookup()
+
+
+def clamp_with_number_bounds() -> bool:
+    """In this process, give compressed-tensors' fake quantization its range as Python numbers; True if this
+    call patched it (False when already patched).
+
+    The numbers are read off the range's tensors once per (type, bits), which is all the range depends on
+    (upstream memoizes its tensors on those and the device): reading a CUDA tensor's value waits for the GPU,
+    twice per fake-quantized linear layer and forward if done at every call."""
+    from compressed_tensors.quantization.lifecycle import forward
+
+    upstream = forward.calculate_range
+    if getattr(upstream, "number_bounds", False):
+        return False
+    ends: dict[tuple[str, int], tuple[float, float]] = {}
+
+    def calculate_range(quantization_args, device):
+        if str(device).startswith("meta"):  # loading, with no values to clamp (and none to read)
+            return upstream(quantization_args, device)
+        key = (str(quantization_args.type), quantization_args.num_bits)
+        if key not in ends:
+            q_min, q_max = upstream(quantization_args, device)
+            ends[key] = (q_min.item(), q_max.item())
+        return ends[key]
+
+    calculate_range.number_bounds = True
+    forward.calculate_range = calculate_range
+    return True
+
+
+_TABLES: dict = {}  # dtype -> the 256 float8 E4M3 codes cast to it by torch
+
+
+def from_fp8(rounded, dtype):
+    """A float8 E4M3 tensor cast to `dtype`: on a CPU by a table of the 256 codes, which torch cast once (every
+    E4M3 value is exact in bfloat16, float16 and float32, so the table holds the cast's bits); elsewhere
+    torch's cast."""
+    import torch
+
+    if rounded.device.type != "cpu" or not rounded.is_contiguous():  # the cast keeps a layout; the table not
+        return rounded.to(dtype)
+    table = _TABLES.get(dtype)
+    if table is None:
+        codes = torch.arange(256, dtype=torch.int16).to(torch.uint8).view(torch.float8_e4m3fn)
+        table = _TABLES[dtype] = codes.to(dtype)
+    # index_select with 32-bit indices: the fastest of the lookups timed (docs/toolchain.md, "transformers")
+    return table.index_select(0, rounded.view(torch.uint8).view(-1).to(torch.int32)).view(rounded.shape)
+
+
+def fp8_back_by_lookup() -> bool:
+    """In this process, let compressed-tensors' FP8 rounding cast back through `from_fp8`; True if this call
+    patched it (False when already patched). Other types, and a rounding that keeps the float8 tensor, go to
+    upstream's function unchanged."""
+    import torch
+    from compressed_tensors.quantization import FP8_E4M3_DATA, QuantizationType
+    from compressed_tensors.quantization.lifecycle import forward_helpers
+
+    upstream = forward_helpers.round_to_quantized_type_args
+    if getattr(upstream, "fp8_lookup", False):
+        return False
+    fp8 = FP8_E4M3_DATA.dtype
+
+    def round_to_quantized_type_args(tensor, args, min, max, cast_to_original_dtype=True):
+        if not (cast_to_original_dtype and args.type == QuantizationType.FLOAT and args.num_bits == 8):
+            return upstream(tensor, args, min, max, cast_to_original_dtype)
+        return from_fp8(torch.clamp(tensor, min, max).to(fp8), tensor.dtype)
+
+    round_to_quantized_type_args.fp8_lookup = True
+    forward_helpers.round_to_quantized_type_args = round_to_quantized_type_args
+    return True
