@@ -69,7 +69,9 @@ def test_the_cpu_command_line():
     assert "--host 127.0.0.1 --port 8000" in line and "--max-model-len 512" in line and "--enforce-eager" in line
     assert "--gpu-memory-utilization" not in line and "--tensor-parallel-size" not in line
     assert "--trust-remote-code" not in line and "--hf-overrides" not in line
-    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1"}
+    _, compiled = engines.vllm_command("python", "/ckpt", s.model_copy(update={"enforce_eager": False}), False)
+    assert compiled == {"VLLM_CPU_KVCACHE_SPACE": "1"}  # a server that compiles its model compiles the rest too
 
 
 def test_the_cuda_command_line_carries_the_parallel_degrees_and_the_kv_dtype():

@@ -227,6 +227,11 @@ def vllm_command(
     if s.device == "cpu":
         # unset, the CPU backend sizes its KV cache from the machine's total memory and can refuse to start
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kv_cache_gb:g}"
+        if s.enforce_eager:
+            # eager means eager: without it, the first request asking for prompt log-probabilities (the served
+            # cross-check) waits while inductor compiles vLLM's rank count (vllm/v1/sample/ops/logprobs.py),
+            # the same integers eager (docs/toolchain.md, "vLLM on a CPU")
+            env["TORCHDYNAMO_DISABLE"] = "1"
     else:
         cmd += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
     if s.positions is not None and s.max_model_len > s.positions:
