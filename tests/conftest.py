@@ -209,6 +209,7 @@ def _lanes(request):
     yield
     for lane in request.config.stash.get(lanes.STARTED, {}).values():
         lane.stop()
+    lanes.beside(False)
 
 
 def _start_pipeline(small_root: Path, folder: Path) -> lanes.Lane:

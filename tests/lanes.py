@@ -10,6 +10,7 @@ too close to call, and the readers accept any of the three verdicts.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -51,11 +52,39 @@ class Lane:
                 self.proc.wait()
 
 
+# Beside a lane, two processes' OpenMP teams share the two cores. Unless told otherwise, libgomp's threads spin
+# while they wait at a barrier, so each team's spinning holds the core the other team's next thread needs, and
+# both crawl; with passive waiting neither does (docs/results.md, "Two OpenMP teams on two cores"). Passive
+# waiting slows a process that runs alone, so it holds only while lanes run: in each lane's environment, and in
+# the children the tests start meanwhile; the test process itself (whose OpenMP runtime read its settings at its
+# start) computes on one thread meanwhile. Neither changes a stage's threads, nor so its cache key or numbers.
+BESIDE = {"OMP_WAIT_POLICY": "PASSIVE"}
+_before: dict[str, str | None] = {}
+
+
 def start(root: Path, env: dict[str, str], *args: str, timeout_s: float) -> Lane:
-    """`qeval ARGS` started from the repository with `env`, its output kept in `root`."""
+    """`qeval ARGS` started from the repository with `env` (and BESIDE), its output kept in `root`."""
     with open(root / "run.stdout", "w") as out, open(root / "run.stderr", "w") as err:
-        proc = subprocess.Popen(qeval_command(*args), cwd=REPO, env=env, stdout=out, stderr=err)
+        proc = subprocess.Popen(qeval_command(*args), cwd=REPO, env={**env, **BESIDE}, stdout=out, stderr=err)
     return Lane(root, proc, time.monotonic(), timeout_s)
+
+
+def beside(on: bool) -> None:
+    """This session's settings while lanes run (on), or as they were before (off)."""
+    import torch
+
+    if on and not _before:
+        _before.update({name: os.environ.get(name) for name in BESIDE}, threads=str(torch.get_num_threads()))
+        os.environ.update(BESIDE)
+        torch.set_num_threads(1)
+    elif not on and _before:
+        torch.set_num_threads(int(_before.pop("threads")))
+        for name, value in _before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        _before.clear()
 
 
 # fixture name -> how to start its lane in a folder where it needs nothing of the session's (a test module
@@ -82,6 +111,8 @@ def start_read(request: pytest.FixtureRequest, folders, **more: Callable[[Path],
     for name, begin in {**AT_START, **more}.items():
         if name not in started and any(reads(item, name) for item in request.session.items):
             started[name] = begin(folders.mktemp(name))
+    if any(lane.proc.poll() is None for lane in started.values()):
+        beside(True)
 
 
 def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, subprocess.CompletedProcess]:
@@ -89,4 +120,8 @@ def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, sub
     started = request.config.stash.setdefault(STARTED, {})
     if name not in started:
         started[name] = AT_START[name](folders.mktemp(name))
-    return started[name].root, started[name].wait()
+        beside(True)
+    done = started[name].wait()
+    if all(lane.proc.poll() is not None for lane in started.values()):
+        beside(False)
+    return started[name].root, done
