@@ -218,6 +218,7 @@ def test_fp8_by_lookup_rounds_to_the_same_bits():
     from compressed_tensors.quantization.lifecycle import forward, forward_helpers
     from compressed_tensors.quantization.quant_args import round_to_quantized_type_args
 
+    from eval import qdq_fast
     from eval.qdq_fast import fp8_back_by_lookup
 
     fp8 = QuantizationArgs(num_bits=8, type="float", strategy="token", symmetric=True, dynamic=True)
@@ -238,12 +239,14 @@ def test_fp8_by_lookup_rounds_to_the_same_bits():
         }
         assert fp8_back_by_lookup() and not fp8_back_by_lookup()
         patched = forward_helpers.round_to_quantized_type_args
+        qdq_fast._TABLES.clear()  # so that the tables below are the ones these calls made
         for dtype, (rounded, fake) in expected.items():
             got = [patched(v.to(dtype), fp8, -448.0, 448.0) for v in (every_code, x)]
             for g, e in zip(got, rounded, strict=True):
                 assert g.dtype == e.dtype and g.shape == e.shape and torch.equal(_bits(g), _bits(e))
             got_fake = forward.fake_quantize(x.to(dtype), scale.to(dtype), None, fp8)
             assert torch.equal(_bits(got_fake), _bits(fake))
+        assert set(qdq_fast._TABLES) == set(expected)  # the table did the casting back, in each dtype
         across = x.transpose(0, 2)  # not contiguous: torch's cast, which keeps the layout
         assert torch.equal(
             _bits(patched(across, fp8, -448.0, 448.0)), _bits(round_to_quantized_type_args(across, fp8, -448.0, 448.0))
