@@ -119,8 +119,7 @@ def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, sub
     """Lane `name`'s folder and how it ended, once it has (started here, where nothing started it before)."""
     started = request.config.stash.setdefault(STARTED, {})
     if name not in started:
-        started[name] = AT_START[name](folders.mktemp(name))
-        beside(True)
+        started[name] = AT_START[name](folders.mktemp(name))  # waited for at once: nothing runs beside it here
     done = started[name].wait()
     if all(lane.proc.poll() is not None for lane in started.values()):
         beside(False)
