@@ -1,4 +1,5 @@
-"""Accuracy of one build with lm-evaluation-harness: the only module that imports lm_eval.
+"""Accuracy of one build with lm-evaluation-harness: the only module that imports lm_eval (but for
+eval/scored_rows.py, a patch this module applies).
 
 evaluate_accuracy() writes lm_eval_results.json (lm-eval's own result document, samples removed) and
 samples_<task>.jsonl (per-document records, for paired statistics) to its output folder, and returns the
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eval.kvcache import attention_name, fp8_kv_attention
 from eval.qdq_fast import same_values_faster
 from eval.records import GENERATED_IDS, RESULTS_FILE, AccuracyResult, scores
+from eval.scored_rows import log_softmax_scored_rows
 from eval.stopping import StopScoring, first_stop
 from quant.lookup import suggest
 
@@ -124,6 +126,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         raise ValueError(f"a {cfg.kv_cache_dtype} KV cache is the server's to keep, not local-completions'")
     if backend == "hf":
         same_values_faster()  # a W8A8 or FP8 build's emulated activation quantization (eval/qdq_fast.py)
+        log_softmax_scored_rows()  # over the positions lm-eval scores, not all (eval/scored_rows.py)
         if cfg.kv_cache_dtype == "fp8":
             fp8_kv_attention(query=cfg.fp8_query)
     elif backend == "vllm":

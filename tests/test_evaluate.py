@@ -256,3 +256,47 @@ def test_fp8_by_lookup_rounds_to_the_same_bits():
         assert torch.equal(patched(x, int8, -128.0, 127.0), round_to_quantized_type_args(x, int8, -128.0, 127.0))
     finally:
         forward_helpers.round_to_quantized_type_args = before
+
+
+def test_log_softmax_over_scored_rows_gives_upstreams_records(tmp_path, monkeypatch):
+    """lm-eval's log-likelihood loop with the log-softmax over the rows it scores (eval/scored_rows.py) writes
+    the records upstream's writes, byte for byte: a rolling task (every position scored), the needle (a verse's
+    rest after hundreds of positions) and a multiple-choice task; a class with a loop of its own (whose logits
+    come log-softmaxed) gets upstream's selection."""
+    import torch
+    import torch.nn.functional as torch_F
+    from lm_eval.models import huggingface
+
+    from eval import scored_rows
+
+    patched = huggingface.HFLM._select_cont_toks  # an in-process evaluation earlier in the session may have patched
+    monkeypatch.setattr(huggingface, "F", torch_F)
+    monkeypatch.setattr(huggingface.HFLM, "_select_cont_toks", getattr(patched, "upstream", patched))
+    cfg = accuracy.AccuracyConfig(
+        checkpoint=str(REPO / "refmodel/ref-lm"),
+        tasks=["refkjv_ppl", "refkjv_needle", "refkjv_next_verse"],
+        include_path=str(REPO / "eval/tasks/refkjv"),
+        num_fewshot=0,
+        limit=4,
+        batch_size=4,
+        seed=0,
+    )
+    for way in ("upstream", "scored_rows"):
+        monkeypatch.setattr(accuracy, "log_softmax_scored_rows", scored_rows.log_softmax_scored_rows)
+        if way == "upstream":
+            monkeypatch.setattr(accuracy, "log_softmax_scored_rows", lambda: False)
+        (tmp_path / way).mkdir()
+        accuracy.evaluate_accuracy(cfg, tmp_path / way)
+        assert isinstance(huggingface.F, type(torch_F)) == (way == "upstream")
+    for task in cfg.tasks:
+        name = f"samples_{task}.jsonl"
+        assert (tmp_path / "upstream" / name).read_bytes() == (tmp_path / "scored_rows" / name).read_bytes(), task
+
+    class OwnLoop(huggingface.HFLM):
+        def _loglikelihood_tokens(self, *args, **kwargs):
+            raise NotImplementedError
+
+    own = OwnLoop.__new__(OwnLoop)
+    own.backend, own.softmax_dtype = "causal", torch.float32
+    logits = torch.randn(10, 16).log_softmax(-1)
+    assert torch.equal(huggingface.HFLM._select_cont_toks(own, logits, contlen=3, inplen=8), logits[5:8])
