@@ -1,4 +1,4 @@
-"""compressed-tensors' emulated activation quantization, the same values, faster: two patches for a process.
+"""compressed-tensors' emulated activation quantization, the same values, faster: three patches for a process.
 
 compressed-tensors 0.19 quantizes and dequantizes a W8A8 or FP8 layer's activations at every forward in
 transformers (quantization/lifecycle/forward_helpers.py, `_quantize_dequantize`, through quant_args.py's
@@ -13,15 +13,20 @@ when each can go ("Every workaround") and what each saves ("transformers"):
   CPU cast back is the slow half. Every E4M3 value is exact in bfloat16, float16 and float32, so a table of
   the 256 codes cast once by torch itself, indexed by each value's code, gives the cast's bits (`from_fp8`,
   which eval/kvcache.py's emulated FP8 cache uses too).
+- `zero_point_not_subtracted`: the fused quantize-dequantize (`_quantize_dequantize`) adds the zero point before
+  rounding and subtracts it after, a pass over the whole tensor each; a symmetric scheme's zero point is +0.0,
+  and x - (+0.0) is x for every x (-0.0 included), so where every zero point's bits are 0 the subtraction is
+  left out. The addition stays: it turns -0.0 into +0.0.
 """
 
 from __future__ import annotations
 
 
 def same_values_faster() -> None:
-    """Both patches, in this process (each once)."""
+    """The three patches, in this process (each once)."""
     clamp_with_number_bounds()
     fp8_back_by_lookup()
+    zero_point_not_subtracted()
 
 
 def clamp_with_number_bounds() -> bool:
@@ -91,4 +96,35 @@ def fp8_back_by_lookup() -> bool:
 
     round_to_quantized_type_args.fp8_lookup = True
     forward_helpers.round_to_quantized_type_args = round_to_quantized_type_args
+    return True
+
+
+def zero_point_not_subtracted() -> bool:
+    """In this process, let compressed-tensors' fused quantize-dequantize leave out subtracting a zero point of
+    +0.0 on a CPU; True if this call patched it (False when already patched). Any other zero point, or none, or
+    a tensor elsewhere (where reading the zero point's bits would wait for the device), goes to upstream."""
+    import torch
+    from compressed_tensors.quantization.lifecycle import forward_helpers
+
+    upstream = forward_helpers._quantize_dequantize
+    if getattr(upstream, "zero_kept", False):
+        return False
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+    def _quantize_dequantize(x, scale, zero_point, q_min, q_max, args, global_scale=None):
+        if zero_point is None or x.device.type != "cpu" or not scale.is_floating_point():
+            return upstream(x, scale, zero_point, q_min, q_max, args, global_scale)
+        # upstream's steps (compressed-tensors 0.19, forward_helpers.py) but the subtraction
+        effective = scale / global_scale if global_scale is not None else scale
+        zero = zero_point.to(effective.dtype)
+        if zero.view(bits[zero.element_size()]).any():  # not +0.0 throughout
+            return upstream(x, scale, zero_point, q_min, q_max, args, global_scale)
+        scaled = x / effective
+        scaled += zero_point.to(x.dtype)
+        quantized = forward_helpers.round_to_quantized_type_args(tensor=scaled, args=args, min=q_min, max=q_max)
+        return quantized.to(effective.dtype) * effective
+
+    _quantize_dequantize.zero_kept = True
+    _quantize_dequantize.upstream = upstream
+    forward_helpers._quantize_dequantize = _quantize_dequantize
     return True

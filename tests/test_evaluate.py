@@ -300,3 +300,46 @@ def test_log_softmax_over_scored_rows_gives_upstreams_records(tmp_path, monkeypa
     own.backend, own.softmax_dtype = "causal", torch.float32
     logits = torch.randn(10, 16).log_softmax(-1)
     assert torch.equal(huggingface.HFLM._select_cont_toks(own, logits, contlen=3, inplen=8), logits[5:8])
+
+
+def test_a_zero_point_of_plus_zero_left_unsubtracted_gives_the_same_bits():
+    """compressed-tensors' fused quantize-dequantize with the zero point's subtraction left out where it is +0.0
+    (eval/qdq_fast.py): INT8's and FP8's fake quantization, -0.0 and values that round to zero from either side
+    among the inputs, the same bits in each dtype; a zero point that is not +0.0 everywhere (-0.0, or an
+    asymmetric scheme's) goes to upstream."""
+    import torch
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle import forward, forward_helpers
+
+    from eval.qdq_fast import zero_point_not_subtracted
+
+    x = torch.randn(4, 64, 256, generator=torch.Generator().manual_seed(0)) * 3
+    x[0, 0, :32] = -0.0
+    x[1, 1, :16], x[1, 1, 16:32] = 1e-30, -1e-30
+    scale = x.abs().amax(-1, keepdim=True) / 100
+    before = forward_helpers._quantize_dequantize  # an in-process evaluation may have patched it
+    upstream = getattr(before, "upstream", before)
+    cases = []
+    for kind in ("int", "float"):
+        args = QuantizationArgs(num_bits=8, type=kind, strategy="token", symmetric=True, dynamic=True)
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for zero in (0.0, -0.0, 3.0):
+                cases.append((x.to(dtype), scale.to(dtype), torch.full_like(scale, zero, dtype=dtype), args))
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(1)
+        return upstream(*a, **k)
+
+    forward_helpers._quantize_dequantize = counted
+    try:
+        expected = [forward.fake_quantize(*c) for c in cases]
+        calls.clear()
+        assert zero_point_not_subtracted() and not zero_point_not_subtracted()
+        for (xs, scale_, zp, args), e in zip(cases, expected, strict=True):
+            calls.clear()
+            got = forward.fake_quantize(xs, scale_, zp, args)
+            assert got.dtype == e.dtype and torch.equal(_bits(got), _bits(e)), (args.type, xs.dtype, zp.flatten()[0])
+            assert len(calls) == (1 if _bits(zp).any() else 0)  # upstream's path only for a zero point not +0.0
+    finally:
+        forward_helpers._quantize_dequantize = before
