@@ -109,7 +109,7 @@ def zero_point_not_subtracted() -> bool:
     upstream = forward_helpers._quantize_dequantize
     if getattr(upstream, "zero_kept", False):
         return False
-    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
     def _quantize_dequantize(x, scale, zero_point, q_min, q_max, args, global_scale=None):
         if zero_point is None or x.device.type != "cpu" or not scale.is_floating_point():
