@@ -2,9 +2,9 @@
 
 compressed-tensors 0.19 quantizes and dequantizes a W8A8 or FP8 layer's activations at every forward in
 transformers (quantization/lifecycle/forward_helpers.py, `_quantize_dequantize`, through quant_args.py's
-`round_to_quantized_type_args`). Two of its steps take a slow path of torch's on a CPU; each patch below gives
-the same tensor by a faster path; tests/test_evaluate.py checks both bit for bit, and docs/toolchain.md says
-when each can go ("Every workaround") and what each saves ("transformers"):
+`round_to_quantized_type_args`). Two of its steps take a slow path of torch's on a CPU and a third is a pass
+that changes no value; each patch below gives the same tensor faster; tests/test_evaluate.py checks each bit for
+bit, and docs/toolchain.md says when each can go ("Every workaround") and what each saves ("transformers"):
 
 - `clamp_with_number_bounds`: the quantized range reaches `torch.clamp` as two 0-d tensors (`calculate_range`);
   torch's clamp with tensor bounds is the slow path. The range's ends (-128 and 127 for INT8, ±448 for FP8
