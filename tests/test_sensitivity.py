@@ -93,17 +93,10 @@ def test_a_layer_made_fragile_ranks_first_and_the_halves_agree(tiny):
 
 @pytest.mark.slow
 def test_qeval_sensitivity_ranks_ref_lms_layer_groups(workdir):
-    from concurrent.futures import ThreadPoolExecutor
-
     from helpers import env_with, last_json_line, qeval
 
-    with ThreadPoolExecutor(2) as pool:  # the refusals load no model: they run beside the ranking
-        refused = {
-            p: pool.submit(qeval, "sensitivity", "-m", "ref-lm", "--precision", p, env=env_with())
-            for p in ("bf16", "nope")
-        }
-        # the precision: the card's search target (gptq), its sensitive groups kept at the search's fallback (int8)
-        done = qeval("sensitivity", "-m", "ref-lm", "--samples", "4", "--json", env=env_with())
+    # the precision: the card's search target (gptq), its sensitive groups kept at the search's fallback (int8)
+    done = qeval("sensitivity", "-m", "ref-lm", "--samples", "4", "--json", env=env_with())
     assert done.returncode == 0, done.stderr[-2000:]
     got = last_json_line(done.stdout)
     assert (got["precision"], got["fallback"]) == ("gptq", "int8")
@@ -121,7 +114,7 @@ def test_qeval_sensitivity_ranks_ref_lms_layer_groups(workdir):
     assert last_json_line(again.stdout) == got and "unchanged, skipped" in again.stderr  # a stage, cached
     assert "layers.0.mlp.down_proj" in done.stdout and "the least sensitive half" in done.stdout
     for precision, says in (("bf16", "quantizes no weights of its own"), ("nope", "nope")):
-        bad = refused[precision].result()
+        bad = qeval("sensitivity", "-m", "ref-lm", "--precision", precision, env=env_with())
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
