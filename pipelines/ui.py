@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 
@@ -10,7 +11,7 @@ from rich.console import Console
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.procs import stop_process_group
 from pipelines.tracking.mlflow_tracker import experiment_ids
-from pipelines.tracking.store import redact, tracking_uri, ui_command
+from pipelines.tracking.store import UI_ENV, redact, tracking_uri, ui_command
 from pipelines.tracking.view import view_url
 
 
@@ -31,7 +32,7 @@ def serve_ui(host: str, port: int, model: str | None, out: Console, err: Console
             out.print(f"{name}: {view_url(base, experiment)}", highlight=False, soft_wrap=True)
     if not ids:
         err.print("the store has no qeval runs yet: run `make run` first", highlight=False)
-    proc = subprocess.Popen(ui_command(host, port), start_new_session=True)
+    proc = subprocess.Popen(ui_command(host, port), env={**os.environ, **UI_ENV}, start_new_session=True)
     try:
         code = proc.wait()
     except KeyboardInterrupt:

@@ -17,6 +17,8 @@ import pytest
 from helpers import REPO, card_env, env_with, free_port, processes_naming, root_env
 from helpers import qeval_timed as _qeval
 
+from pipelines.tracking.store import UI_ENV
+
 pytestmark = pytest.mark.integration  # processes, servers and stores, each of its own
 
 PASSWORD = "S3cretPW99"
@@ -70,12 +72,14 @@ def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_pa
         f"sqlite:///{store}/mlflow.db",
         "--default-artifact-root",
         str(store / "artifacts"),
+        "--workers",
+        "1",
         "--host",
         "127.0.0.1",
         "--port",
         "{port}",
     ]
-    with running(cmd, tmp_path / "mlflow.log", 120, "mlflow server") as url:
+    with running(cmd, tmp_path / "mlflow.log", 120, "mlflow server", env=UI_ENV) as url:  # as `qeval ui`'s
         uri = url.replace("http://", f"http://alice:{PASSWORD}@")
         # qeval turns MLflow's "View run ... at:" lines off; a user who turns them on gets them without credentials
         env = {**root_env(own_root), "MLFLOW_TRACKING_URI": uri, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "false"}

@@ -26,6 +26,7 @@ import pytest
 from helpers import REPO, last_json_line, same_logits
 
 from conftest import small_card_text
+from pipelines.tracking.store import UI_ENV
 
 PG_BIN = next((p.parent for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
 VENV_BIN = Path(sys.executable).parent
@@ -151,7 +152,8 @@ def team(tmp_path_factory) -> Iterator[dict]:
             "--workers",
             "1",
         ]
-        procs.append(ns.start(server, root / "mlflow-server.log"))
+        # without MLflow's job runner, as `qeval ui` starts its server: qeval submits no job (UI_ENV)
+        procs.append(ns.start(server, root / "mlflow-server.log", env={**os.environ, **UI_ENV}))
         uri = "http://127.0.0.1:5000"
         probe = [str(VENV_BIN / "python"), "-c", f"import httpx; httpx.get('{uri}/health').raise_for_status()"]
         for _ in range(120):

@@ -93,13 +93,20 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
+# MLflow 3's server starts, beside four web workers, a job runner and seven Huey consumers for MLflow's own
+# jobs (GenAI scorers, trace roll-ups), each a Python process importing mlflow. qeval submits no job and one
+# reader browses its UI: one worker, no job runner (docs/toolchain.md, "MLflow's UI server").
+UI_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def ui_command(host: str, port: int | str) -> list[str]:
-    """The command that serves the MLflow UI over the store."""
+    """The command that serves the MLflow UI over the store (with UI_ENV in its environment)."""
     uri = tracking_uri()
     db = sqlite_path(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    server = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--workers", "1"]
+    return [*server, "--host", host, "--port", str(port)]
 
 
 @contextmanager
