@@ -1,7 +1,7 @@
 """The mixed-precision search (pipelines/search.py): mixed builds' names and recipes, the card's `search:`
 section, the bisection against a constructed monotone judge, the first guess on a frontier by hand, a mixed
-checkpoint's declared format checked, how vLLM's kernels for it ran (unit); a mixed config with two schemes
-loaded by vLLM with dummy weights (slow)."""
+checkpoint's declared format checked, how vLLM's kernels for it ran (unit); a mix's shape build declared as the
+session's pipeline run built and served it (slow)."""
 
 from __future__ import annotations
 
@@ -151,60 +151,38 @@ def test_the_first_mix_tried_closes_most_of_the_predicted_gap():
 
 
 @pytest.mark.slow
-def test_a_mixed_config_with_two_schemes_loads_on_vllm_with_dummy_weights(tmp_path):
-    """ref-lm's shape with layer 0's q/k/v (one fused matrix in vLLM) and down projection at INT8 W8A8, every
-    other linear layer at GPTQ's 4 bits: vLLM builds both, each with its own kernel."""
+def test_a_mixs_shape_build_declares_what_its_real_build_declares(pipeline_run, tmp_path):
+    """The session's pipeline run served its search's mix on vLLM, one kernel per format (tests/test_pipeline.py):
+    a shape build of that mix (random weights, quant/shape_build.py) declares the same two schemes over the same
+    layers, every field vLLM picks a kernel by, so vLLM builds it as it built the real one."""
     import json
 
-    import httpx
-
-    from pipelines.core.store.results import VllmSettings
-    from pipelines.core.system.procs import running
-    from pipelines.stages import engines
     from quant.recipes import RecipeOptions
     from quant.shape_build import write_shape_build
 
-    vllm = engines.find_vllm()
-    if vllm is None:
-        pytest.skip("no vLLM here (make engine)")
-    kept = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"] + ["model.layers.0.mlp.down_proj"]
-    every = [
-        f"model.layers.{i}.{m}"
-        for i in range(6)
-        for m in (*(f"self_attn.{p}_proj" for p in "qkvo"), *(f"mlp.{p}_proj" for p in ("gate", "up", "down")))
-    ]
-    opts = RecipeOptions(128, ["lm_head"], tuple(m for m in every if m not in kept), tuple(kept))
-    build = write_shape_build(REPO / "refmodel/ref-lm/config.json", "gptq+2xint8", opts, tmp_path / "build")
-    q = json.loads((build / "config.json").read_text())["quantization_config"]
-    assert q["format"] == "mixed-precision"
-    assert {g["format"]: len(g["targets"]) for g in q["config_groups"].values()} == {
-        "pack-quantized": 38,
-        "int-quantized": 4,
+    mix = pipeline_run.doc["search"]["carried"]
+    built = pipeline_run.root / "artifacts/ref-small" / mix / "quantize"
+    config = json.loads((built / "manifest.json").read_text())["result"]["config"]
+    real = json.loads((built / "checkpoint/config.json").read_text())["quantization_config"]
+    opts = RecipeOptions(128, ["lm_head"], tuple(config["target_modules"]), tuple(config["fallback_modules"]))
+    build = write_shape_build(REPO / "refmodel/ref-lm/config.json", mix, opts, tmp_path / "build")
+    shape = json.loads((build / "config.json").read_text())["quantization_config"]
+    fields = ("num_bits", "type", "symmetric", "strategy", "group_size", "dynamic")
+
+    def schemes(q: dict) -> dict:
+        return {
+            g["format"]: (
+                sorted(g["targets"]),
+                {k: g["weights"][k] for k in fields},
+                g["input_activations"] and {k: g["input_activations"][k] for k in fields},
+            )
+            for g in q["config_groups"].values()
+        }
+
+    assert set(schemes(shape)) == {"pack-quantized", "int-quantized"} and schemes(shape) == schemes(real)
+    assert {k: v for k, v in shape.items() if k != "config_groups"} == {
+        k: v for k, v in real.items() if k != "config_groups"
     }
-    settings = VllmSettings(
-        device="cpu",
-        max_model_len=256,
-        tensor_parallel=1,
-        pipeline_parallel=1,
-        kv_cache_dtype="auto",
-        enforce_eager=True,
-        cpu_kv_cache_gb=1,
-        random_weights=True,
-    )
-    cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
-    log_file = tmp_path / "server.log"
-    with running(cmd, log_file, 300, "vLLM for a mixed build", env) as base:
-        reply = httpx.post(
-            f"{base}/v1/completions",
-            json={"model": str(build), "prompt": [1, 2, 3, 4], "max_tokens": 4, "ignore_eos": True},
-            timeout=120,
-        )
-        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
-    kernels = engines.kernels_from_log(log_file.read_text(errors="replace"), "gptq+2xint8", CPU)
-    how = {k.kernel: k.execution for k in kernels}
-    assert len(how) == 2, kernels
-    assert sorted(how.values()) == [Execution.NATIVE, Execution.WEIGHT_ONLY], kernels
-    assert engines.served_execution("gptq+2xint8", CPU, kernels) == Execution.MIXED
 
 
 def _uniform(precision: str, verdict: Verdict, mb: float) -> Tried:
