@@ -92,13 +92,20 @@ def test_a_layer_made_fragile_ranks_first_and_the_halves_agree(tiny):
 
 
 @pytest.mark.slow
-def test_qeval_sensitivity_ranks_ref_lms_layer_groups(workdir):
-    from helpers import env_with, last_json_line, qeval
+def test_qeval_sensitivity_shows_the_ranking_the_search_made(pipeline_run, tmp_path):
+    """`qeval sensitivity` in a copy of the session's pipeline run, whose search ranked ref-small's layer groups
+    (the sensitivity stage, run in that process): the command reads the stage back and prints it; it refuses a
+    precision that quantizes nothing and one that does not exist."""
+    from helpers import last_json_line, qeval, root_env
 
+    from conftest import copy_root
+
+    env = root_env(copy_root(pipeline_run.root, tmp_path / "run"))
     # the precision: the card's search target (gptq), its sensitive groups kept at the search's fallback (int8)
-    done = qeval("sensitivity", "-m", "ref-lm", "--samples", "4", "--json", env=env_with())
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = qeval("sensitivity", "-m", "ref-small", "--json", env=env)
+    assert done.returncode == 0 and "unchanged, skipped" in done.stderr, done.stderr[-2000:]  # the search's
     got = last_json_line(done.stdout)
+    assert got == {k: v for k, v in pipeline_run.doc["search"].items() if k in got}
     assert (got["precision"], got["fallback"]) == ("gptq", "int8")
     kl = [g["kl"] for g in got["ranked"]]
     assert len(kl) == 6 * 4 and kl == sorted(kl, reverse=True) and kl[-1] > 0  # six layers, four groups each
@@ -110,11 +117,9 @@ def test_qeval_sensitivity_ranks_ref_lms_layer_groups(workdir):
     assert all(a["weight_bytes"] < b["weight_bytes"] for a, b in itertools.pairwise(frontier))
     assert frontier[0]["effective_bits"] > 4 and frontier[-1]["effective_bits"] == 8  # scales: 16 bits per 128
     assert frontier[0]["predicted_kl"] > frontier[-1]["predicted_kl"] > 0
-    again = qeval("sensitivity", "-m", "ref-lm", "--samples", "4", "--json", env=env_with())
-    assert last_json_line(again.stdout) == got and "unchanged, skipped" in again.stderr  # a stage, cached
-    assert "layers.0.mlp.down_proj" in done.stdout and "the least sensitive half" in done.stdout
+    assert "the least sensitive half" in done.stdout and got["ranked"][0]["group"] in done.stdout
     for precision, says in (("bf16", "quantizes no weights of its own"), ("nope", "nope")):
-        bad = qeval("sensitivity", "-m", "ref-lm", "--precision", precision, env=env_with())
+        bad = qeval("sensitivity", "-m", "ref-small", "--precision", precision, env=env)
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
