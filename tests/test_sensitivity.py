@@ -1,5 +1,6 @@
 """Per-layer sensitivity (quant/sensitivity.py): the groups that share a format, the target scheme's weights
-quantized and back, and a layer made fragile on purpose ranked first, on a small random Llama."""
+quantized and back, and a layer made fragile on purpose ranked first, on a small random Llama; `qeval sensitivity`
+reading back the ranking of the session's pipeline run."""
 
 from __future__ import annotations
 
