@@ -1,4 +1,5 @@
-"""Work that runs beside the tests: a `qeval` process started once the session's builds are measured, in a
+"""Work that runs beside the tests: a `qeval` process (a Lane) or a thread that waits on processes of its own (a
+Work: the team test's servers, commands and checks) started once the session's builds are measured, in a
 folder of its own, and read by the tests that take its fixture, which tests/conftest.py orders after all the
 others.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +43,9 @@ class Lane:
         out, err = ((self.root / name).read_text() for name in ("run.stdout", "run.stderr"))
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
 
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
     def stop(self) -> None:
         """Ended, whatever the session did: SIGTERM stops `qeval` and any server it started."""
         if self.proc.poll() is None:
@@ -50,6 +55,40 @@ class Lane:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class Work:
+    """`work()` going on in a thread of this process, for work that is processes of its own (servers, `qeval`
+    commands) and their checks: the thread waits on them, as a Lane's process would."""
+
+    def __init__(self, root: Path, work: Callable[[], object], timeout_s: float) -> None:
+        self.root, self.timeout_s, self.started = root, timeout_s, time.monotonic()
+        self.outcome: tuple[object, BaseException | None] | None = None
+        self.thread = threading.Thread(target=self._run, args=(work,), name=root.name, daemon=True)
+        self.thread.start()
+
+    def _run(self, work: Callable[[], object]) -> None:
+        try:
+            self.outcome = (work(), None)
+        except BaseException as e:  # a failed check (pytest.fail included) fails the test that reads the lane
+            self.outcome = (None, e)
+
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def wait(self) -> object:
+        """What `work()` returned, once it has; what it raised is raised here."""
+        self.thread.join(max(self.started + self.timeout_s - time.monotonic(), 1))
+        if self.outcome is None:
+            pytest.fail(f"{self.root.name} took over {self.timeout_s:.0f} s", pytrace=False)
+        value, error = self.outcome
+        if error is not None:
+            raise error
+        return value
+
+    def stop(self) -> None:
+        """Its work bounds each of its processes' time and stops them itself: this waits for that."""
+        self.thread.join(self.timeout_s)
 
 
 # Beside a lane, two processes' OpenMP teams share the two cores. Unless told otherwise, libgomp's threads spin
@@ -67,6 +106,13 @@ def start(root: Path, env: dict[str, str], *args: str, timeout_s: float) -> Lane
     with open(root / "run.stdout", "w") as out, open(root / "run.stderr", "w") as err:
         proc = subprocess.Popen(qeval_command(*args), cwd=REPO, env={**env, **BESIDE}, stdout=out, stderr=err)
     return Lane(root, proc, time.monotonic(), timeout_s)
+
+
+def work(root: Path, what: Callable[[], object], timeout_s: float) -> Work:
+    """`what()` started in a thread, with this session's settings beside lanes (BESIDE) already in the
+    environment its processes inherit."""
+    beside(True)
+    return Work(root, what, timeout_s)
 
 
 def beside(on: bool) -> None:
@@ -89,9 +135,9 @@ def beside(on: bool) -> None:
 
 # fixture name -> how to start its lane in a folder where it needs nothing of the session's (a test module
 # adds its own); tests/conftest.py starts them with the pipeline run, once the session's builds are measured
-AT_START: dict[str, Callable[[Path], Lane]] = {}
+AT_START: dict[str, Callable[[Path], Lane | Work]] = {}
 # the lanes started, by fixture name (tests/conftest.py stops each as the session ends)
-STARTED = pytest.StashKey[dict[str, Lane]]()
+STARTED = pytest.StashKey[dict[str, Lane | Work]]()
 
 
 def names() -> tuple[str, ...]:
@@ -104,23 +150,24 @@ def reads(item: pytest.Item, name: str | None = None) -> bool:
     return any(n in taken for n in ((name,) if name else names()))
 
 
-def start_read(request: pytest.FixtureRequest, folders, **more: Callable[[Path], Lane]) -> None:
+def start_read(request: pytest.FixtureRequest, folders, **more: Callable[[Path], Lane | Work]) -> None:
     """Start every lane (of AT_START and `more`) that a test of the session reads and that has not started,
     each in a folder of `folders` (pytest's tmp_path_factory) named after it."""
     started = request.config.stash.setdefault(STARTED, {})
     for name, begin in {**AT_START, **more}.items():
         if name not in started and any(reads(item, name) for item in request.session.items):
             started[name] = begin(folders.mktemp(name))
-    if any(lane.proc.poll() is None for lane in started.values()):
+    if any(lane.running() for lane in started.values()):
         beside(True)
 
 
-def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, subprocess.CompletedProcess]:
-    """Lane `name`'s folder and how it ended, once it has (started here, where nothing started it before)."""
+def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, object]:
+    """Lane `name`'s folder and how it ended (a process's CompletedProcess, a Work's value), once it has (started
+    here, where nothing started it before)."""
     started = request.config.stash.setdefault(STARTED, {})
     if name not in started:
         started[name] = AT_START[name](folders.mktemp(name))  # waited for at once: nothing runs beside it here
     done = started[name].wait()
-    if all(lane.proc.poll() is not None for lane in started.values()):
+    if not any(lane.running() for lane in started.values()):
         beside(False)
     return started[name].root, done

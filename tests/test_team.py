@@ -7,6 +7,7 @@ gives the gated build's logits; no credential appears in anything qeval printed,
 Everything runs inside a network namespace of its own that has only loopback (`unshare -n`): Ray listens
 on all interfaces and connects through the machine's own address unless that is the only one it has.
 The processes inside are started with `nsenter`; this process (outside) only reads their output and files.
+All of it runs in a thread beside the other tests (tests/lanes.py), started with the session's pipeline run.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import lanes
 import pytest
 from helpers import REPO, last_json_line, same_logits
 
@@ -73,11 +76,10 @@ def _as_postgres(args: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
-@pytest.fixture(scope="module")
-def team(tmp_path_factory) -> Iterator[dict]:
+@contextmanager
+def _team(root: Path) -> Iterator[dict]:
     """PostgreSQL, an MLflow server over it (proxied artifacts) and a Ray head, in one loopback namespace."""
     ns = Namespace()
-    root = tmp_path_factory.mktemp("team")
     # Ray's unix sockets must fit in 107 bytes, and the postgres user must reach its cluster (pytest's own
     # folders are private to root): a short folder of their own
     short = Path(tempfile.mkdtemp(prefix="qteam", dir="/tmp"))
@@ -222,7 +224,32 @@ def _qeval(team: dict, workdir: Path, cards: Path, *args: str, timeout: int = 90
     return team["ns"].run([str(VENV_BIN / "qeval"), *args], env=env, cwd=REPO, timeout=timeout)
 
 
-def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team):
+def _start(folder: Path) -> lanes.Work:
+    """The team's servers and the test's commands and checks, beside the other tests (tests/lanes.py): each is
+    a process of its own, which the thread waits on."""
+
+    def work() -> None:
+        with _team(folder) as team:
+            _two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team)
+
+    return lanes.work(folder, work, timeout_s=1800)
+
+
+if WHY_NOT is None:
+    lanes.AT_START["team_run"] = _start
+
+
+@pytest.fixture
+def team_run(request, tmp_path_factory) -> Callable[[], object]:
+    """Waits for the lane (started when the session's builds were measured) and raises what its checks raised."""
+    return lambda: lanes.ended(request, tmp_path_factory, "team_run")
+
+
+def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team_run):
+    team_run()  # below, run beside the other tests
+
+
+def _two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team: dict) -> None:
     root = team["root"]
     cards = _card(root / "shared")
     driver, gater, deploy = root / "driver", root / "gater", root / "deploy"
