@@ -95,7 +95,7 @@ def sqlite_path(uri: str) -> Path | None:
 
 # MLflow 3's server starts, beside four web workers, a job runner and seven Huey consumers for MLflow's own
 # jobs (GenAI scorers, trace roll-ups), each a Python process importing mlflow. qeval submits no job and one
-# reader browses its UI: one worker, no job runner (docs/toolchain.md, "MLflow's UI server").
+# reader browses its UI: one worker, no job runner (docs/toolchain.md, "MLflow").
 UI_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
