@@ -46,9 +46,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=W
 
 
 class Namespace:
-    """A network namespace with only `lo`, held open by a sleeping process; commands run in it via nsenter."""
+    """A network namespace with only `lo`, held open by a sleeping process; commands run in it via nsenter, with
+    the environment this process had when it was made (tests running meanwhile change this process's own)."""
 
     def __init__(self) -> None:
+        self.env = dict(os.environ)
         self.holder = subprocess.Popen(["unshare", "-n", "sh", "-c", "ip link set lo up && exec sleep infinity"])
         for _ in range(50):  # until `lo` is up in there
             if "127.0.0.1" in self.run(["ip", "-brief", "addr"]).stdout:
@@ -60,9 +62,11 @@ class Namespace:
         return ["nsenter", "-t", str(self.holder.pid), "-n", "--", *args]
 
     def run(self, args: list[str], **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("env", self.env)
         return subprocess.run(self.cmd(args), capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
 
     def start(self, args: list[str], log: Path, **kw) -> subprocess.Popen:
+        kw.setdefault("env", self.env)
         with log.open("w") as f:
             return subprocess.Popen(self.cmd(args), stdout=f, stderr=subprocess.STDOUT, start_new_session=True, **kw)
 
@@ -131,7 +135,7 @@ def _team(root: Path) -> Iterator[dict]:
         assert start.returncode == 0, start.stderr + start.stdout
         made = ns.run(
             [str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-U", "qeval", "mlflow"],
-            env={**os.environ, "PGPASSWORD": password},
+            env={**ns.env, "PGPASSWORD": password},
         )
         assert made.returncode == 0, made.stderr
 
@@ -155,7 +159,7 @@ def _team(root: Path) -> Iterator[dict]:
             "1",
         ]
         # without MLflow's job runner, as `qeval ui` starts its server: qeval submits no job (UI_ENV)
-        procs.append(ns.start(server, root / "mlflow-server.log", env={**os.environ, **UI_ENV}))
+        procs.append(ns.start(server, root / "mlflow-server.log", env={**ns.env, **UI_ENV}))
         uri = "http://127.0.0.1:5000"
         probe = [str(VENV_BIN / "python"), "-c", f"import httpx; httpx.get('{uri}/health').raise_for_status()"]
         for _ in range(120):
@@ -178,7 +182,7 @@ def _team(root: Path) -> Iterator[dict]:
                 "--disable-usage-stats",
                 f"--temp-dir={ray_tmp}",
             ],
-            env={**os.environ, "QEVAL_WORKDIR": str(worker), "RAY_USAGE_STATS_ENABLED": "0"},
+            env={**ns.env, "QEVAL_WORKDIR": str(worker), "RAY_USAGE_STATS_ENABLED": "0"},
         )
         assert head.returncode == 0, head.stderr[-2000:]
         yield {
@@ -215,7 +219,7 @@ def _card(folder: Path) -> Path:
 
 def _qeval(team: dict, workdir: Path, cards: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = {
-        **os.environ,
+        **team["ns"].env,
         "QEVAL_WORKDIR": str(workdir),
         "QEVAL_CARDS_DIR": str(cards),
         "MLFLOW_TRACKING_URI": team["uri"],
