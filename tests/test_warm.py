@@ -85,6 +85,7 @@ def test_an_interrupt_stops_the_job_and_its_warm_python(tmp_path, monkeypatch):
 
 
 def _wait_for(path) -> None:
+    """Until the job has written its pid (the file exists, empty, between its creation and the write)."""
     deadline = time.monotonic() + 60
-    while not path.is_file() and time.monotonic() < deadline:
+    while not (path.is_file() and path.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
