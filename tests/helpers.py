@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipelines.core.system.procs import free_port
@@ -47,22 +48,22 @@ __all__ = [
 ]
 
 
-def env_with(**extra: str) -> dict[str, str]:
-    """This environment without a tracking URI of its own, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+def env_with(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """This environment (or `base`) without a tracking URI of its own, plus `extra`."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k != "MLFLOW_TRACKING_URI"}
     env.update(extra)
     return env
 
 
-def card_env(tmp_path: Path, name: str, source: str) -> dict[str, str]:
+def card_env(tmp_path: Path, name: str, source: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of ref-lm's card named `name` with another `source:` section in `tmp_path`/cards, and the
-    environment of a `qeval` working in `tmp_path` with it."""
+    environment of a `qeval` working in `tmp_path` with it (from `base`, else this one)."""
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", f"name: {name}")
     text = text.replace("source:\n  path: refmodel/ref-lm\n", source)
     cards = tmp_path / "cards"
     cards.mkdir(exist_ok=True)
     (cards / f"{name}.yaml").write_text(text)
-    return env_with(QEVAL_WORKDIR=str(tmp_path), QEVAL_CARDS_DIR=str(cards), HF_HOME=str(tmp_path / "hf"))
+    return env_with(base, QEVAL_WORKDIR=str(tmp_path), QEVAL_CARDS_DIR=str(cards), HF_HOME=str(tmp_path / "hf"))
 
 
 def processes_naming(text: str) -> list[int]:
@@ -78,9 +79,10 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
-def root_env(root: Path) -> dict[str, str]:
-    """The environment of a `qeval` process working in `root` (its artifacts, store and cards)."""
-    return env_with(QEVAL_WORKDIR=str(root), QEVAL_CARDS_DIR=str(root / "cards"))
+def root_env(root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a `qeval` process working in `root` (its artifacts, store and cards), from `base`
+    (else this one)."""
+    return env_with(base, QEVAL_WORKDIR=str(root), QEVAL_CARDS_DIR=str(root / "cards"))
 
 
 def qeval_command(*args: str) -> list[str]:

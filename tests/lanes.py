@@ -1,7 +1,11 @@
 """Work that runs beside the tests: a `qeval` process (a Lane) or a thread that waits on processes of its own (a
-Work: the team test's servers, commands and checks) started once the session's builds are measured, in a
-folder of its own, and read by the tests that take its fixture, which tests/conftest.py orders after all the
-others.
+Work: the team test's servers, commands and checks; a side job), in a folder of its own, and read by the tests
+that take its fixture, which tests/conftest.py orders after all the others. The session's pipeline run starts
+once the session's builds are measured; the others, which need nothing of the session's, at its start.
+
+A side job (`side_job`) is a test's own processes (a `qeval` command that must fail one way, a server it drives)
+taken off the test process's line: the side jobs run one after another in threads of their own, so that the
+tests' line and theirs keep both cores busy where the test process would have waited on each in turn.
 
 Most of such a run is one core's work (vLLM's start-up imports, one process after another; a sweep's client),
 so on two cores it costs the session little more than the wait, if any, for what is left of it when its
@@ -91,6 +95,51 @@ class Work:
         self.thread.join(self.timeout_s)
 
 
+_one_side_job = threading.Lock()  # held by the side job that runs
+_measured = threading.Event()  # the session's builds are measured (tests/conftest.py, `measured`)
+_session_root: list[Path] = []  # their folder
+
+
+def builds_measured(root: Path | None) -> None:
+    """The session's builds are measured, in `root`: the side jobs that need them go on (None: the session ends
+    without them, and those jobs fail)."""
+    if root is not None:
+        _session_root[:] = [root]
+    _measured.set()
+
+
+def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, needs_builds: bool = False):
+    """`job(folder, env)` run beside the tests from the session's start, after the side jobs before it, with the
+    environment of the session's start (`env`, not what a test's monkeypatch sets meanwhile); with
+    `needs_builds`, `job(folder, env, root)` once the session's builds are measured, in `root` (its readers take
+    `measured`). Returns the fixture `name`, which waits for it and gives what it returned (raising what it
+    raised); its test module assigns it to a name of its own for pytest to find."""
+
+    def begin(folder: Path) -> Work:
+        beside(True)
+        env = dict(os.environ)
+
+        def one() -> object:
+            more = ()
+            if needs_builds:
+                if not _measured.wait(timeout_s) or not _session_root:
+                    raise RuntimeError(f"{name}: the session's builds were not measured")
+                more = (_session_root[0],)
+            with _one_side_job:
+                return job(folder, env, *more)
+
+        return Work(folder, one, timeout_s)
+
+    AT_START[name] = begin
+
+    def waited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> object:
+        if needs_builds:
+            request.getfixturevalue("measured")  # what the job waits for, made here where it runs alone
+        return ended(request, tmp_path_factory, name)[1]
+
+    return pytest.fixture(waited, name=name)
+
+
 # Beside a lane, two processes' OpenMP teams share the two cores. Unless told otherwise, libgomp's threads spin
 # while they wait at a barrier, so each team's spinning holds the core the other team's next thread needs, and
 # both crawl; with passive waiting neither does (docs/results.md, "Two OpenMP teams on two cores"). Passive
@@ -133,8 +182,8 @@ def beside(on: bool) -> None:
         _before.clear()
 
 
-# fixture name -> how to start its lane in a folder where it needs nothing of the session's (a test module
-# adds its own); tests/conftest.py starts them with the pipeline run, once the session's builds are measured
+# fixture name -> how to start its lane in a folder of its own (a test module adds its own); tests/conftest.py
+# starts those the session reads as it starts (a side job that needs the session's builds waits for them)
 AT_START: dict[str, Callable[[Path], Lane | Work]] = {}
 # the lanes started, by fixture name (tests/conftest.py stops each as the session ends)
 STARTED = pytest.StashKey[dict[str, Lane | Work]]()
@@ -167,7 +216,9 @@ def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, obj
     started = request.config.stash.setdefault(STARTED, {})
     if name not in started:
         started[name] = AT_START[name](folders.mktemp(name))  # waited for at once: nothing runs beside it here
-    done = started[name].wait()
-    if not any(lane.running() for lane in started.values()):
-        beside(False)
+    try:
+        done = started[name].wait()
+    finally:  # what its work raised, too, leaves the settings beside lanes to the lanes still running
+        if not any(lane.running() for lane in started.values()):
+            beside(False)
     return started[name].root, done

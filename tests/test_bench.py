@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
+import lanes
 import pytest
+from helpers import REPO
 from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
@@ -74,8 +77,6 @@ def test_speedup_is_checked_against_the_resident_bytes(benched):
 def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
     import json
 
-    from helpers import REPO
-
     from eval.engine import EngineConfig, bench_engine
 
     shape = json.loads((REPO / "pipelines/models/configs/llama-2-7b.json").read_text())
@@ -102,15 +103,17 @@ def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
     assert result.embedding_bytes == 32000 * 256 * 2 and result.execution == "native"  # Llama 2's table is untied
 
 
-def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_card, builds, tmp_path):
-    """The GPU path (static cache, decode compiled by torch.compile) on CPU, where it is opt-in."""
+def _compiled_decode(folder: Path, env: dict[str, str], session: Path) -> dict:
+    """The engine benchmark with decode compiled, of bf16 and of the session's gptq build, each in a child
+    process as a stage runs it: compiling is most of it, beside the tests (tests/lanes.py)."""
     from eval.engine import EngineConfig, bench_engine
-    from pipelines.core.framework.weights import checkpoint_for
+    from pipelines.core.system.child import run_child
 
+    checkpoints = {"bf16": REPO / "refmodel/ref-lm", "gptq": session / "artifacts/ref-small/gptq/quantize/checkpoint"}
     results = {}
-    for precision in ("bf16", "gptq"):
+    for precision, checkpoint in checkpoints.items():
         cfg = EngineConfig(
-            checkpoint=checkpoint_for(small_card, precision)[0],
+            checkpoint=str(checkpoint),
             precision=precision,
             batch_sizes=[2],
             input_lengths=[16],
@@ -119,12 +122,21 @@ def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(small_car
             repeats=2,
             compile=True,
         )
-        results[precision] = bench_engine(cfg, tmp_path)
-    bf16, gptq = results["bf16"], results["gptq"]
+        out = folder / precision
+        results[precision] = run_child(bench_engine, cfg, out, folder / f"{precision}.log", env)
+    return results
+
+
+compiled_decode = lanes.side_job("compiled_decode", _compiled_decode, needs_builds=True)
+
+
+def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(compiled_decode):
+    """The GPU path (static cache, decode compiled by torch.compile) on CPU, where it is opt-in."""
+    bf16, gptq = compiled_decode["bf16"], compiled_decode["gptq"]
     assert bf16.engine.endswith("static cache, decode compiled") and bf16.compile_error is None
     # compressed-tensors' packed layers do not trace: the build is measured eager, and it says why
     assert gptq.engine.endswith("static cache, eager") and gptq.compile_error
-    for r in results.values():
+    for r in compiled_decode.values():
         (p,) = r.points
         assert p.status == "ok" and p.repeats == 2 and 0 < p.ttft_ms_p50 < p.e2e_ms_p50 and 0 < p.mbu < 1
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import lanes
 import pytest
-from helpers import REPO, env_with, last_json_line
+from helpers import REPO, env_with, last_json_line, root_env
 from helpers import qeval as run_qeval
 
 pytestmark = pytest.mark.integration  # each test runs `qeval` in a process of its own
@@ -103,11 +106,21 @@ def test_an_unknown_task_is_refused_before_the_stage_with_a_suggestion(workdir, 
     assert not (workdir / "artifacts/typo/bf16/evaluate").exists()  # no stage started
 
 
-@pytest.mark.slow  # starts lm-eval
-def test_hub_task_while_offline_says_how_to_supply_it(workdir, cards):
+def _hub_task_offline(folder: Path, env: dict[str, str]):
+    """`qeval evaluate` of a card with one of lm-eval's hub tasks, the hub off: it starts lm-eval, which reads its
+    whole task index, so it runs beside the tests (tests/lanes.py)."""
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: hubtask")
-    path = cards("hubtask", text.replace("tasks: [refkjv_ppl,", "tasks: [arc_easy, refkjv_ppl,"))
-    proc = qeval("evaluate", "--model", "hubtask", QEVAL_WORKDIR=str(workdir), QEVAL_CARDS_DIR=str(path.parent))
+    (folder / "cards").mkdir()
+    (folder / "cards/hubtask.yaml").write_text(text.replace("tasks: [refkjv_ppl,", "tasks: [arc_easy, refkjv_ppl,"))
+    return run_qeval("evaluate", "--model", "hubtask", env=root_env(folder, env))
+
+
+hub_task_offline = lanes.side_job("hub_task_offline", _hub_task_offline)
+
+
+@pytest.mark.slow
+def test_hub_task_while_offline_says_how_to_supply_it(hub_task_offline):
+    proc = hub_task_offline
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert "task 'arc_easy' needs its data set from the hub, which is off here" in last

@@ -13,10 +13,12 @@ import threading
 import time
 from pathlib import Path
 
+import lanes
 import pytest
 from helpers import REPO, card_env, env_with, free_port, processes_naming, root_env
 from helpers import qeval_timed as _qeval
 
+from conftest import copy_root
 from pipelines.tracking.store import UI_ENV
 
 pytestmark = pytest.mark.integration  # processes, servers and stores, each of its own
@@ -149,15 +151,18 @@ def test_a_server_that_dies_mid_sweep_fails_the_stage_and_is_not_cached(own_root
     assert (failed / "requests.csv").is_file()  # every request kept, the failed ones among them
 
 
-@pytest.mark.slow
-def test_sigterm_stops_the_server_and_fails_the_stage(own_root):
-    card_file = own_root / "cards" / "ref-small.yaml"
+def _sigterm_served(folder: Path, env: dict[str, str], session: Path) -> tuple[Path, subprocess.CompletedProcess, list]:
+    """`qeval serve` of int8 on `transformers serve` in a copy of the session's folder, sent SIGTERM once its
+    server has started: the build's folder, how it ended, and the processes that ran its checkpoint then.
+    Beside the tests (tests/lanes.py): a server's start is most of it."""
+    root = copy_root(session, folder / "own")
+    card_file = root / "cards" / "ref-small.yaml"
     card_file.write_text(card_file.read_text().replace("server:\n", "server:\n  engine: transformers\n", 1))
-    build = own_root / "artifacts" / "ref-small" / "int8"
+    build = root / "artifacts" / "ref-small" / "int8"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines", "serve", "--model", "ref-small", "--precision", "int8"],
         cwd=REPO,
-        env=root_env(own_root),
+        env=root_env(root, env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -167,13 +172,25 @@ def test_sigterm_stops_the_server_and_fails_the_stage(own_root):
         "Application startup complete" in p.read_text(errors="replace")
         for p in build.glob("serve.partial-*/server.log")
     ):
-        assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the server did not start: {proc.communicate()[1][-2000:]}")
         time.sleep(0.5)
-    assert processes_naming(str(build / "quantize" / "checkpoint"))  # the server runs
+    running = processes_naming(str(build / "quantize" / "checkpoint"))
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr[-2000:]
-    assert "interrupted" in stderr.strip().splitlines()[-1], stderr[-3000:]
+    out, err = proc.communicate(timeout=60)
+    return build, subprocess.CompletedProcess(proc.args, proc.returncode, out, err), running
+
+
+sigterm_served = lanes.side_job("sigterm_served", _sigterm_served, needs_builds=True)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_server_and_fails_the_stage(sigterm_served):
+    build, done, running = sigterm_served
+    assert running  # the server ran
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "interrupted" in done.stderr.strip().splitlines()[-1], done.stderr[-3000:]
     assert processes_naming(str(build / "quantize" / "checkpoint")) == []  # stopped with its children
     assert not (build / "serve" / "manifest.json").exists() and (build / "serve.failed").is_dir()
 
@@ -193,16 +210,34 @@ def test_a_pickle_checkpoint_is_refused_before_anything_loads_it(tmp_path):
     assert not (tmp_path / "artifacts" / "pickled" / "bf16" / "quantize" / "manifest.json").exists()
 
 
-@pytest.mark.parametrize("hub", ["nothing listening", "never answers"])
-def test_a_hub_that_cannot_be_reached_fails_fast(tmp_path, hub):
+HUBS = ("nothing listening", "never answers")
+
+
+def _unreachable_hubs(folder: Path, env: dict[str, str]) -> dict[str, tuple[subprocess.CompletedProcess, float]]:
+    """`qeval quantize` of a hub model whose hub has nobody listening, then one that never answers: each waits
+    out its timeouts, so they run beside the tests (tests/lanes.py)."""
     source = "source:\n  hub_id: acme/tiny-llama\n  revision: 0123456789abcdef0123456789abcdef01234567\n"
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        if hub == "never answers":
-            silent.listen(8)  # the kernel accepts; nobody answers
-        env = {**card_env(tmp_path, "hubbed", source), "HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}
-        env.pop("HF_HUB_OFFLINE", None)
-        done, seconds = _qeval("quantize", "--model", "hubbed", "--precision", "bf16", env=env)
+    done = {}
+    for hub in HUBS:
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            if hub == "never answers":
+                silent.listen(8)  # the kernel accepts; nobody answers
+            port = silent.getsockname()[1]
+            here = folder / hub.replace(" ", "-")
+            here.mkdir()
+            hub_env = {**card_env(here, "hubbed", source, env), "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
+            hub_env.pop("HF_HUB_OFFLINE", None)
+            done[hub] = _qeval("quantize", "--model", "hubbed", "--precision", "bf16", env=hub_env)
+    return done
+
+
+unreachable_hubs = lanes.side_job("unreachable_hubs", _unreachable_hubs)
+
+
+@pytest.mark.parametrize("hub", HUBS)
+def test_a_hub_that_cannot_be_reached_fails_fast(unreachable_hubs, hub):
+    done, seconds = unreachable_hubs[hub]
     assert done.returncode == 2 and seconds < 40, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "not in the local cache and the hub at http://127.0.0.1:" in last

