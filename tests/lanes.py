@@ -1,7 +1,8 @@
 """Work that runs beside the tests: a `qeval` process (a Lane) or a thread that waits on processes of its own (a
 Work: the team test's servers, commands and checks; a side job), in a folder of its own, and read by the tests
-that take its fixture, which tests/conftest.py orders after all the others. The session's pipeline run starts
-once the session's builds are measured; the others, which need nothing of the session's, at its start.
+that take its fixture, which tests/conftest.py orders after all the others. The side jobs start with the
+session; the other lanes once the session's builds are measured (the builds come first: the pipeline run
+waits for them).
 
 A side job (`side_job`) is a test's own processes (a `qeval` command that must fail one way, a server it drives)
 taken off the test process's line: the side jobs run one after another in threads of their own, so that the
@@ -16,6 +17,7 @@ too close to call, and the readers accept any of the three verdicts.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import threading
 import time
@@ -96,24 +98,45 @@ class Work:
 
 
 _one_side_job = threading.Lock()  # held by the side job that runs
-_measured = threading.Event()  # the session's builds are measured (tests/conftest.py, `measured`)
-_session_root: list[Path] = []  # their folder
+_ready: dict[str, Path] = {}  # what a side job may wait for, once it is there: "builds", or a lane that has ended
+_closing: list[bool] = []  # [True] once the session ends: nothing more comes
+_changed = threading.Condition()
 
 
-def builds_measured(root: Path | None) -> None:
-    """The session's builds are measured, in `root`: the side jobs that need them go on (None: the session ends
-    without them, and those jobs fail)."""
-    if root is not None:
-        _session_root[:] = [root]
-    _measured.set()
+def ready(what: str, root: Path) -> None:
+    """`what` is there, in `root`: the session's builds, measured ("builds"), or a lane's end (its name)."""
+    with _changed:
+        _ready[what] = root
+        _changed.notify_all()
 
 
-def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, needs_builds: bool = False):
+def closing() -> None:
+    """The session ends: a side job still waiting for what has not come fails."""
+    with _changed:
+        _closing[:] = [True]
+        _changed.notify_all()
+
+
+def _when_ended(name: str, lane: Lane | Work) -> None:
+    """Says so (ready) once `lane` has ended, from a thread of its own."""
+
+    def watch() -> None:
+        if isinstance(lane, Lane):
+            lane.proc.wait()
+        else:
+            lane.thread.join()
+        ready(name, lane.root)
+
+    threading.Thread(target=watch, name=f"{name} watched", daemon=True).start()
+
+
+def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, after: str | None = None):
     """`job(folder, env)` run beside the tests from the session's start, after the side jobs before it, with the
-    environment of the session's start (`env`, not what a test's monkeypatch sets meanwhile); with
-    `needs_builds`, `job(folder, env, root)` once the session's builds are measured, in `root` (its readers take
-    `measured`). Returns the fixture `name`, which waits for it and gives what it returned (raising what it
-    raised); its test module assigns it to a name of its own for pytest to find."""
+    environment of the session's start (`env`, not what a test's monkeypatch sets meanwhile); with `after`,
+    `job(folder, env, root)` once that is there: the session's builds, measured ("builds", in the session's
+    folder; its readers take `measured`) or a lane's end (its name and fixture; its folder). Returns the fixture
+    `name`, which waits for it and gives what it returned (raising what it raised); its test module assigns it
+    to a name of its own for pytest to find."""
 
     def begin(folder: Path) -> Work:
         beside(True)
@@ -121,20 +144,22 @@ def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, n
 
         def one() -> object:
             more = ()
-            if needs_builds:
-                if not _measured.wait(timeout_s) or not _session_root:
-                    raise RuntimeError(f"{name}: the session's builds were not measured")
-                more = (_session_root[0],)
+            if after is not None:
+                with _changed:
+                    _changed.wait_for(lambda: after in _ready or _closing, timeout_s)
+                if after not in _ready:
+                    raise RuntimeError(f"{name}: {after} never came")
+                more = (_ready[after],)
             with _one_side_job:
                 return job(folder, env, *more)
 
         return Work(folder, one, timeout_s)
 
-    AT_START[name] = begin
+    SIDE_JOBS[name] = begin
 
     def waited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> object:
-        if needs_builds:
-            request.getfixturevalue("measured")  # what the job waits for, made here where it runs alone
+        if after is not None:  # what the job waits for, made here where it runs alone
+            request.getfixturevalue("measured" if after == "builds" else after)
         return ended(request, tmp_path_factory, name)[1]
 
     return pytest.fixture(waited, name=name)
@@ -164,16 +189,46 @@ def work(root: Path, what: Callable[[], object], timeout_s: float) -> Work:
     return Work(root, what, timeout_s)
 
 
+# The servers a lane's `qeval` sweeps run at SERVER_NICE, each in a session whose scheduling group the kernel
+# weighs at that nice value against this session's (pipelines/core/system/watchdog.py): beside the tests, whose
+# processes are all this session's group, the pipeline run's servers got a tenth of a core while the tests kept
+# both busy, and the run, which its readers wait for, ended last. While lanes run, this session's group is
+# weighed as theirs, so that each has its share; a group's weight changes no process's threads or settings.
+# Only where it can be set back (sched(7): lowering a nice value takes CAP_SYS_NICE or RLIMIT_NICE), for the
+# group is the whole terminal session's, the shell that started the tests included.
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def _group_nice(nice: int | None) -> int | None:
+    """This session's scheduling group's nice value, set to `nice` where given and where it can be set back;
+    None where the kernel has no such group, or it was not set."""
+    try:
+        was = int(AUTOGROUP.read_text().split()[-1])
+        if nice is not None:
+            if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20 - was:
+                return None
+            AUTOGROUP.write_text(str(nice))
+        return was
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def beside(on: bool) -> None:
     """This session's settings while lanes run (on), or as they were before (off)."""
     import torch
+
+    from pipelines.stages.sweep import SERVER_NICE
 
     if on and not _before:
         _before.update({name: os.environ.get(name) for name in BESIDE}, threads=str(torch.get_num_threads()))
         os.environ.update(BESIDE)
         torch.set_num_threads(1)
+        if (was := _group_nice(SERVER_NICE)) is not None:
+            _before["group_nice"] = str(was)
     elif not on and _before:
         torch.set_num_threads(int(_before.pop("threads")))
+        if (was := _before.pop("group_nice", None)) is not None:
+            _group_nice(int(was))
         for name, value in _before.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -182,15 +237,17 @@ def beside(on: bool) -> None:
         _before.clear()
 
 
-# fixture name -> how to start its lane in a folder of its own (a test module adds its own); tests/conftest.py
-# starts those the session reads as it starts (a side job that needs the session's builds waits for them)
-AT_START: dict[str, Callable[[Path], Lane | Work]] = {}
+# fixture name -> how to start its lane in a folder of its own (a test module adds its own): tests/conftest.py
+# starts those the session reads once its builds are measured (the pipeline run among them), and the side jobs
+# as it starts (one that needs the builds waits for them)
+AT_BUILDS: dict[str, Callable[[Path], Lane | Work]] = {}
+SIDE_JOBS: dict[str, Callable[[Path], Work]] = {}
 # the lanes started, by fixture name (tests/conftest.py stops each as the session ends)
 STARTED = pytest.StashKey[dict[str, Lane | Work]]()
 
 
 def names() -> tuple[str, ...]:
-    return ("pipeline_run", *AT_START)
+    return ("pipeline_run", *AT_BUILDS, *SIDE_JOBS)
 
 
 def reads(item: pytest.Item, name: str | None = None) -> bool:
@@ -199,13 +256,14 @@ def reads(item: pytest.Item, name: str | None = None) -> bool:
     return any(n in taken for n in ((name,) if name else names()))
 
 
-def start_read(request: pytest.FixtureRequest, folders, **more: Callable[[Path], Lane | Work]) -> None:
-    """Start every lane (of AT_START and `more`) that a test of the session reads and that has not started,
+def start_read(request: pytest.FixtureRequest, folders, which: dict, **more: Callable[[Path], Lane | Work]) -> None:
+    """Start every lane (of `which` and `more`) that a test of the session reads and that has not started,
     each in a folder of `folders` (pytest's tmp_path_factory) named after it."""
     started = request.config.stash.setdefault(STARTED, {})
-    for name, begin in {**AT_START, **more}.items():
+    for name, begin in {**which, **more}.items():
         if name not in started and any(reads(item, name) for item in request.session.items):
             started[name] = begin(folders.mktemp(name))
+            _when_ended(name, started[name])
     if any(lane.running() for lane in started.values()):
         beside(True)
 
@@ -215,7 +273,9 @@ def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, obj
     here, where nothing started it before)."""
     started = request.config.stash.setdefault(STARTED, {})
     if name not in started:
-        started[name] = AT_START[name](folders.mktemp(name))  # waited for at once: nothing runs beside it here
+        begin = {**AT_BUILDS, **SIDE_JOBS}[name]
+        started[name] = begin(folders.mktemp(name))  # waited for at once: nothing runs beside it here
+        _when_ended(name, started[name])
     try:
         done = started[name].wait()
     finally:  # what its work raised, too, leaves the settings beside lanes to the lanes still running

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 import lanes
@@ -123,11 +124,12 @@ def _compiled_decode(folder: Path, env: dict[str, str], session: Path) -> dict:
             compile=True,
         )
         out = folder / precision
-        results[precision] = run_child(bench_engine, cfg, out, folder / f"{precision}.log", env)
+        # a fresh child: the warm Python (pipelines/core/system/warm.py) is for the test process's main thread
+        results[precision] = run_child(bench_engine, cfg, out, folder / f"{precision}.log", env, python=sys.executable)
     return results
 
 
-compiled_decode = lanes.side_job("compiled_decode", _compiled_decode, needs_builds=True)
+compiled_decode = lanes.side_job("compiled_decode", _compiled_decode, after="builds")
 
 
 def test_compiled_decode_runs_and_a_build_that_cannot_compile_says_why(compiled_decode):

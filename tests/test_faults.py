@@ -182,7 +182,7 @@ def _sigterm_served(folder: Path, env: dict[str, str], session: Path) -> tuple[P
     return build, subprocess.CompletedProcess(proc.args, proc.returncode, out, err), running
 
 
-sigterm_served = lanes.side_job("sigterm_served", _sigterm_served, needs_builds=True)
+sigterm_served = lanes.side_job("sigterm_served", _sigterm_served, after="builds")
 
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@ reading back the ranking of the session's pipeline run."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
+import lanes
 import pytest
 
 from quant.sensitivity import fake_quantized, halves, layer_groups, rank, weight_args
@@ -92,18 +94,32 @@ def test_a_layer_made_fragile_ranks_first_and_the_halves_agree(tiny):
         layer.weight.data = kept
 
 
-@pytest.mark.slow
-def test_qeval_sensitivity_shows_the_ranking_the_search_made(pipeline_run, tmp_path):
-    """`qeval sensitivity` in a copy of the session's pipeline run, whose search ranked ref-small's layer groups
-    (the sensitivity stage, run in that process): the command reads the stage back and prints it; it refuses a
-    precision that quantizes nothing and one that does not exist."""
-    from helpers import last_json_line, qeval, root_env
+def _sensitivity_read_back(folder: Path, env: dict[str, str], run: Path) -> dict:
+    """`qeval sensitivity` in a copy of the session's pipeline run, once it has ended: the card's target, then
+    a precision that quantizes nothing and one that does not exist. Beside the tests (tests/lanes.py)."""
+    from helpers import qeval, root_env
 
     from conftest import copy_root
 
-    env = root_env(copy_root(pipeline_run.root, tmp_path / "run"))
+    env = root_env(copy_root(run, folder / "run"), env)
     # the precision: the card's search target (gptq), its sensitive groups kept at the search's fallback (int8)
-    done = qeval("sensitivity", "-m", "ref-small", "--json", env=env)
+    return {
+        p: qeval("sensitivity", "-m", "ref-small", *p, env=env)
+        for p in (("--json",), ("--precision", "bf16"), ("--precision", "nope"))
+    }
+
+
+sensitivity_read_back = lanes.side_job("sensitivity_read_back", _sensitivity_read_back, after="pipeline_run")
+
+
+@pytest.mark.slow
+def test_qeval_sensitivity_shows_the_ranking_the_search_made(sensitivity_read_back, pipeline_run):
+    """`qeval sensitivity` in a copy of the session's pipeline run, whose search ranked ref-small's layer groups
+    (the sensitivity stage, run in that process): the command reads the stage back and prints it; it refuses a
+    precision that quantizes nothing and one that does not exist."""
+    from helpers import last_json_line
+
+    done = sensitivity_read_back[("--json",)]
     assert done.returncode == 0 and "unchanged, skipped" in done.stderr, done.stderr[-2000:]  # the search's
     got = last_json_line(done.stdout)
     search = pipeline_run.doc["search"]
@@ -123,7 +139,7 @@ def test_qeval_sensitivity_shows_the_ranking_the_search_made(pipeline_run, tmp_p
     assert frontier[0]["predicted_kl"] > frontier[-1]["predicted_kl"] > 0
     assert "the least sensitive half" in done.stdout and got["ranked"][0]["group"] in done.stdout
     for precision, says in (("bf16", "quantizes no weights of its own"), ("nope", "nope")):
-        bad = qeval("sensitivity", "-m", "ref-small", "--precision", precision, env=env)
+        bad = sensitivity_read_back[("--precision", precision)]
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
