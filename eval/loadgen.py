@@ -263,7 +263,18 @@ def with_stalls(records: list[RequestRecord], stalls: list[tuple[float, float]])
     return [dataclasses.replace(r, client_stall_ms=1000 * worst(r)) for r in records]
 
 
+def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """The loop's exception handler: an interrupt (Ctrl-C, or SIGTERM, which qeval turns into one) that lands in
+    one of the sweep's tasks (aiohttp's writer, say) ends the sweep through asyncio.run, and qeval says so in
+    one line; that task keeps the interrupt as its exception, which nothing retrieves, and asyncio would print
+    its traceback after that line when the task is collected. Anything else is reported as asyncio does."""
+    if isinstance(context.get("exception"), KeyboardInterrupt):
+        return
+    loop.default_exception_handler(context)
+
+
 async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress, starting, more, then) -> list[RequestRecord]:
+    asyncio.get_running_loop().set_exception_handler(_quiet_on_interrupt)
     stalls: list[tuple[float, float]] = []
     ticker = asyncio.create_task(_ticker(stalls))
     try:

@@ -12,8 +12,8 @@ hard-linked) that nothing else reads. `qeval run` itself runs once per session, 
 (`pipeline_run`): every test that only reads what a whole run leaves (its stages, served builds, store,
 report, ship card) reads that one. That run is a process of its own, started as soon as the session's builds
 are measured, and runs beside the other tests, which are ordered before its readers (tests/lanes.py); so
-do tests/test_shape.py's run of a card without weights and the team test, started at the same time, and the
-side jobs, from the session's start (tests/lanes.py).
+do, from the session's start, tests/test_shape.py's run of a card without weights, the team test and the
+side jobs (tests/lanes.py).
 """
 
 from __future__ import annotations
@@ -171,9 +171,7 @@ def measured(request, small_root, builds, tmp_path_factory):
         order = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
         done = {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench, size)}
     lanes.ready("builds", small_root)
-    lanes.start_read(
-        request, tmp_path_factory, lanes.AT_BUILDS, pipeline_run=lambda folder: _start_pipeline(small_root, folder)
-    )
+    lanes.start_read(request, tmp_path_factory, pipeline_run=lambda folder: _start_pipeline(small_root, folder))
     return done
 
 
@@ -207,15 +205,17 @@ class PipelineRun:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The lanes' readers last, so that the tests before them run while the lanes do (tests/lanes.py)."""
-    items.sort(key=lanes.reads)  # stable: the order within each part stays
+    """The lanes' readers after the others, so that the tests before them run while the lanes do (tests/lanes.py);
+    the `quiet` tests last, when every lane has ended: a latency they judge against a fixed objective is not to
+    be the lanes' on a shared core."""
+    items.sort(key=lambda item: (item.get_closest_marker("quiet") is not None, lanes.reads(item)))  # stable
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _lanes(request, tmp_path_factory):
-    """The side jobs, started as the session starts (those a test of it reads); every lane started in the session,
-    stopped as it ends."""
-    lanes.start_read(request, tmp_path_factory, lanes.SIDE_JOBS)
+    """The lanes that need nothing of the session's and the side jobs, started as the session starts (those a
+    test of it reads); every lane started in the session, stopped as it ends."""
+    lanes.start_read(request, tmp_path_factory, **lanes.AT_START, **lanes.SIDE_JOBS)
     yield
     lanes.closing()  # a side job still waiting ends
     for lane in request.config.stash.get(lanes.STARTED, {}).values():

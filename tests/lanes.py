@@ -1,8 +1,8 @@
 """Work that runs beside the tests: a `qeval` process (a Lane) or a thread that waits on processes of its own (a
 Work: the team test's servers, commands and checks; a side job), in a folder of its own, and read by the tests
-that take its fixture, which tests/conftest.py orders after all the others. The side jobs start with the
-session; the other lanes once the session's builds are measured (the builds come first: the pipeline run
-waits for them).
+that take its fixture, which tests/conftest.py orders after all the others. The session's pipeline run starts
+once the session's builds are measured; the others, which need nothing of the session's, and the side jobs at
+its start.
 
 A side job (`side_job`) is a test's own processes (a `qeval` command that must fail one way, a server it drives)
 taken off the test process's line: the side jobs run one after another in threads of their own, so that the
@@ -17,7 +17,6 @@ too close to call, and the readers accept any of the three verdicts.
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import threading
 import time
@@ -189,46 +188,16 @@ def work(root: Path, what: Callable[[], object], timeout_s: float) -> Work:
     return Work(root, what, timeout_s)
 
 
-# The servers a lane's `qeval` sweeps run at SERVER_NICE, each in a session whose scheduling group the kernel
-# weighs at that nice value against this session's (pipelines/core/system/watchdog.py): beside the tests, whose
-# processes are all this session's group, the pipeline run's servers got a tenth of a core while the tests kept
-# both busy, and the run, which its readers wait for, ended last. While lanes run, this session's group is
-# weighed as theirs, so that each has its share; a group's weight changes no process's threads or settings.
-# Only where it can be set back (sched(7): lowering a nice value takes CAP_SYS_NICE or RLIMIT_NICE), for the
-# group is the whole terminal session's, the shell that started the tests included.
-AUTOGROUP = Path("/proc/self/autogroup")
-
-
-def _group_nice(nice: int | None) -> int | None:
-    """This session's scheduling group's nice value, set to `nice` where given and where it can be set back;
-    None where the kernel has no such group, or it was not set."""
-    try:
-        was = int(AUTOGROUP.read_text().split()[-1])
-        if nice is not None:
-            if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20 - was:
-                return None
-            AUTOGROUP.write_text(str(nice))
-        return was
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def beside(on: bool) -> None:
     """This session's settings while lanes run (on), or as they were before (off)."""
     import torch
-
-    from pipelines.stages.sweep import SERVER_NICE
 
     if on and not _before:
         _before.update({name: os.environ.get(name) for name in BESIDE}, threads=str(torch.get_num_threads()))
         os.environ.update(BESIDE)
         torch.set_num_threads(1)
-        if (was := _group_nice(SERVER_NICE)) is not None:
-            _before["group_nice"] = str(was)
     elif not on and _before:
         torch.set_num_threads(int(_before.pop("threads")))
-        if (was := _before.pop("group_nice", None)) is not None:
-            _group_nice(int(was))
         for name, value in _before.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -237,17 +206,17 @@ def beside(on: bool) -> None:
         _before.clear()
 
 
-# fixture name -> how to start its lane in a folder of its own (a test module adds its own): tests/conftest.py
-# starts those the session reads once its builds are measured (the pipeline run among them), and the side jobs
-# as it starts (one that needs the builds waits for them)
-AT_BUILDS: dict[str, Callable[[Path], Lane | Work]] = {}
+# fixture name -> how to start its lane in a folder of its own, where it needs nothing of the session's (a test
+# module adds its own); tests/conftest.py starts those the session reads, and the side jobs, as it starts (a side
+# job that needs the session's builds or a lane's end waits for it)
+AT_START: dict[str, Callable[[Path], Lane | Work]] = {}
 SIDE_JOBS: dict[str, Callable[[Path], Work]] = {}
 # the lanes started, by fixture name (tests/conftest.py stops each as the session ends)
 STARTED = pytest.StashKey[dict[str, Lane | Work]]()
 
 
 def names() -> tuple[str, ...]:
-    return ("pipeline_run", *AT_BUILDS, *SIDE_JOBS)
+    return ("pipeline_run", *AT_START, *SIDE_JOBS)
 
 
 def reads(item: pytest.Item, name: str | None = None) -> bool:
@@ -256,11 +225,11 @@ def reads(item: pytest.Item, name: str | None = None) -> bool:
     return any(n in taken for n in ((name,) if name else names()))
 
 
-def start_read(request: pytest.FixtureRequest, folders, which: dict, **more: Callable[[Path], Lane | Work]) -> None:
-    """Start every lane (of `which` and `more`) that a test of the session reads and that has not started,
-    each in a folder of `folders` (pytest's tmp_path_factory) named after it."""
+def start_read(request: pytest.FixtureRequest, folders, **how: Callable[[Path], Lane | Work]) -> None:
+    """Start every lane of `how` (name -> how to start it) that a test of the session reads and that has not
+    started, each in a folder of `folders` (pytest's tmp_path_factory) named after it."""
     started = request.config.stash.setdefault(STARTED, {})
-    for name, begin in {**which, **more}.items():
+    for name, begin in how.items():
         if name not in started and any(reads(item, name) for item in request.session.items):
             started[name] = begin(folders.mktemp(name))
             _when_ended(name, started[name])
@@ -273,7 +242,7 @@ def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, obj
     here, where nothing started it before)."""
     started = request.config.stash.setdefault(STARTED, {})
     if name not in started:
-        begin = {**AT_BUILDS, **SIDE_JOBS}[name]
+        begin = {**AT_START, **SIDE_JOBS}[name]
         started[name] = begin(folders.mktemp(name))  # waited for at once: nothing runs beside it here
         _when_ended(name, started[name])
     try:

@@ -52,8 +52,33 @@ def test_unknown_precision_is_exit_2(workdir):
     assert "unknown precision 'int4'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_quantized_build_without_checkpoint_says_how_to_build_it(workdir):
-    proc = qeval("evaluate", "--model", "ref-lm", "--precision", "gptq", QEVAL_WORKDIR=str(workdir))
+def _refusals(folder: Path, env: dict[str, str]) -> dict[str, object]:
+    """`qeval` commands refused before any stage, each a process that imports what its stage would: a quantized
+    build without its checkpoint; a card naming an unknown task, evaluated and listed. Beside the tests
+    (tests/lanes.py)."""
+    empty, typo = folder / "empty", folder / "typo"
+    empty.mkdir()
+    (typo / "cards").mkdir(parents=True)
+    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: typo")
+    (typo / "cards/typo.yaml").write_text(text.replace("tasks: [refkjv_ppl,", "tasks: [refkjv_pppl,"))
+    return {
+        "no checkpoint": run_qeval(
+            "evaluate", "--model", "ref-lm", "--precision", "gptq", env=env_with(env, QEVAL_WORKDIR=str(empty))
+        ),
+        "typo": typo,
+        # said when the card is read, not minutes later
+        **{
+            args[0]: run_qeval(*args, env=root_env(typo, env))
+            for args in (("evaluate", "--model", "typo"), ("models",))
+        },
+    }
+
+
+refusals = lanes.side_job("refusals", _refusals)
+
+
+def test_quantized_build_without_checkpoint_says_how_to_build_it(refusals):
+    proc = refusals["no checkpoint"]
     assert proc.returncode == 2
     assert "ref-lm@gptq has no quantized checkpoint" in proc.stderr
 
@@ -93,17 +118,14 @@ def test_precision_not_in_the_card_is_exit_2(workdir, cards):
     assert proc.stderr.strip() == "qeval: error: model 'only-bf16' does not build 'fp8'; its card lists: bf16"
 
 
-def test_an_unknown_task_is_refused_before_the_stage_with_a_suggestion(workdir, cards):
-    text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: typo")
-    path = cards("typo", text.replace("tasks: [refkjv_ppl,", "tasks: [refkjv_pppl,"))
-    env = {"QEVAL_WORKDIR": str(workdir), "QEVAL_CARDS_DIR": str(path.parent)}
-    for args in (("evaluate", "--model", "typo"), ("models",)):  # said when the card is read, not minutes later
-        proc = qeval(*args, **env)
+def test_an_unknown_task_is_refused_before_the_stage_with_a_suggestion(refusals):
+    for command in ("evaluate", "models"):
+        proc = refusals[command]
         assert proc.returncode == 2, proc.stderr[-2000:]
         last = proc.stderr.strip().splitlines()[-1]
         assert "model 'typo': accuracy task 'refkjv_pppl' is defined neither in eval/tasks/refkjv nor in" in last
         assert "(did you mean 'refkjv_ppl'?)" in last and "Traceback" not in proc.stderr
-    assert not (workdir / "artifacts/typo/bf16/evaluate").exists()  # no stage started
+    assert not (refusals["typo"] / "artifacts/typo/bf16/evaluate").exists()  # no stage started
 
 
 def _hub_task_offline(folder: Path, env: dict[str, str]):

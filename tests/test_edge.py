@@ -92,6 +92,7 @@ def _sweep_stub(tmp_path, search: EdgeSearch, ms_per_user: float, ttft_ms: float
 
 
 @pytest.mark.integration
+@pytest.mark.quiet
 def test_a_sweep_finds_the_edge_of_a_server_whose_latency_grows_with_its_users(tmp_path):
     """The stub's first token waits 20 ms per request in flight: 10 users wait 200 ms, 11 wait 220 ms, so
     with TTFT p95 <= 210 ms the edge is 10 users. The grid 1, 4, 16 brackets it; the search finds it, to
@@ -110,6 +111,7 @@ def test_a_sweep_finds_the_edge_of_a_server_whose_latency_grows_with_its_users(t
 
 
 @pytest.mark.integration
+@pytest.mark.quiet
 def test_later_server_starts_sweep_the_levels_the_first_judged(tmp_path):
     """Two starts of the stub (server.starts): the first adds a level toward the edge; the second is a fresh server
     that sweeps the same levels with as many requests, its records numbered by start; the summary judges the
@@ -148,6 +150,7 @@ def test_later_server_starts_sweep_the_levels_the_first_judged(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.quiet
 @pytest.mark.parametrize(
     ("max_s", "per_user", "says"),
     [(120, 6, "stopped at the card's 6 requests per user"), (0.001, 3, "stopped at the card's 0.001 s for a sweep")],

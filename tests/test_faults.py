@@ -59,11 +59,13 @@ def test_the_ui_on_a_taken_port_is_an_error(tmp_path):
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.slow
-def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_path):
+def _password_kept(folder: Path, env: dict[str, str], session: Path) -> subprocess.CompletedProcess:
+    """`qeval size --log` of a copy of the session's folder to a live MLflow server whose address holds a
+    password, MLflow's "View run" lines turned on. Beside the tests (tests/lanes.py): a server's start."""
     from pipelines.core.system.procs import running
 
-    store = tmp_path / "server"
+    own = copy_root(session, folder / "own")
+    store = folder / "server"
     store.mkdir()
     cmd = [
         sys.executable,
@@ -81,11 +83,20 @@ def test_a_live_tracking_server_never_sees_its_password_printed(own_root, tmp_pa
         "--port",
         "{port}",
     ]
-    with running(cmd, tmp_path / "mlflow.log", 120, "mlflow server", env=UI_ENV) as url:  # as `qeval ui`'s
+    with running(cmd, folder / "mlflow.log", 120, "mlflow server", env=UI_ENV) as url:  # as `qeval ui`'s
         uri = url.replace("http://", f"http://alice:{PASSWORD}@")
         # qeval turns MLflow's "View run ... at:" lines off; a user who turns them on gets them without credentials
-        env = {**root_env(own_root), "MLFLOW_TRACKING_URI": uri, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "false"}
+        env = {**root_env(own, env), "MLFLOW_TRACKING_URI": uri, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "false"}
         done, _ = _qeval("size", "--log", "--model", "ref-small", "--precision", "awq", env=env, timeout=300)
+    return done
+
+
+password_kept = lanes.side_job("password_kept", _password_kept, after="builds")
+
+
+@pytest.mark.slow
+def test_a_live_tracking_server_never_sees_its_password_printed(password_kept):
+    done = password_kept
     assert done.returncode == 0, done.stderr[-2000:]
     assert "View run" in done.stdout  # MLflow's own line, printed without the credentials
     assert PASSWORD not in done.stdout + done.stderr

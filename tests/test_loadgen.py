@@ -173,3 +173,36 @@ def test_a_server_that_never_answers_fails_the_warm_up_within_its_bound():
         assert time.monotonic() - t0 < 10
     assert warmup_timeout(Server(timeout_s=1), "vllm") == WARMUP_LOAD_S
     assert warmup_timeout(Server(timeout_s=1, warmup_timeout_s=7), "external") == 7
+
+
+def test_an_interrupt_in_one_of_the_sweeps_tasks_is_said_once(caplog):
+    """SIGTERM, which qeval turns into Ctrl-C's KeyboardInterrupt, landing in one of the sweep's tasks (aiohttp's
+    writer) ends the sweep, and qeval says so in one line; the task keeps the interrupt as its exception, and
+    asyncio printed its traceback after that line when it was collected. The sweep's loop drops that report, and
+    reports any other exception as asyncio does."""
+    import gc
+    import logging
+
+    from eval.loadgen import _quiet_on_interrupt
+
+    async def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    async def failed() -> None:
+        raise ValueError("reported")
+
+    async def main() -> None:
+        tasks.extend(asyncio.create_task(f()) for f in (failed, interrupted))
+        await asyncio.sleep(1)
+
+    tasks: list[asyncio.Task] = []
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(_quiet_on_interrupt)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(main())
+        loop.close()
+        tasks.clear()
+        gc.collect()  # each task, done and never awaited, reports its exception now
+    reported = [r.exc_info[1] for r in caplog.records if r.exc_info]
+    assert [type(e) for e in reported] == [ValueError]

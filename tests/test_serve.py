@@ -4,10 +4,14 @@ accuracy through its server against the offline one, are the session's pipeline 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import lanes
 import pytest
 from helpers import qeval, root_env
 from mlflow.tracking import MlflowClient
 
+from conftest import copy_root
 from eval.serving import read_csv
 from pipelines.core.card.cards import load_card
 from pipelines.stages.serve import serve
@@ -68,14 +72,22 @@ def test_a_short_sweep_over_a_real_server(served):
         )
 
 
-def test_a_server_that_cannot_be_reached_is_one_clear_error(own_root):
-    env = root_env(own_root)
-    args = ["serve", "--model", "ref-small", "--precision", "fp8", "--url", "http://127.0.0.1:9"]
-    done = qeval(*args, env=env)
+def _unreachable(folder: Path, env: dict[str, str], session: Path) -> tuple:
+    """`qeval serve --url` of fp8 in a copy of the session's folder, to a port nobody listens on, then to an
+    address that is no URL. Beside the tests (tests/lanes.py)."""
+    env = root_env(copy_root(session, folder / "own"), env)
+    args = ["serve", "--model", "ref-small", "--precision", "fp8"]
+    return qeval(*args, "--url", "http://127.0.0.1:9", env=env), qeval(*args, "--url", "localhost:8000", env=env)
+
+
+unreachable = lanes.side_job("unreachable", _unreachable, after="builds")
+
+
+def test_a_server_that_cannot_be_reached_is_one_clear_error(unreachable):
+    done, bad = unreachable
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "warm-up request failed" in last and "ClientConnectorError" in last
-    bad = qeval(*args[:-2], "--url", "localhost:8000", env=env)
     assert bad.returncode == 2 and "--url must be an http(s) base URL" in bad.stderr
 
 

@@ -352,7 +352,7 @@ def _start_shape_run(workdir: Path) -> lanes.Lane:
     return lanes.start(workdir, env, "run", "--model", "tiny-shape", "--json", timeout_s=900)
 
 
-lanes.AT_BUILDS["shape_run"] = _start_shape_run
+lanes.AT_START["shape_run"] = _start_shape_run
 
 
 @pytest.fixture(scope="session")

@@ -240,7 +240,7 @@ def _start(folder: Path) -> lanes.Work:
 
 
 if WHY_NOT is None:
-    lanes.AT_BUILDS["team_run"] = _start
+    lanes.AT_START["team_run"] = _start
 
 
 @pytest.fixture

@@ -7,12 +7,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
+import lanes
 import psutil
 import pytest
 from helpers import REPO, env_with, free_port
-
-from pipelines.tracking.mlflow_tracker import MlflowTracker
+from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow
 
@@ -22,31 +23,32 @@ def _get(url: str) -> tuple[int, str]:
         return r.status, r.read().decode()
 
 
-def _ui(workdir, port: int, log) -> subprocess.Popen:
+def _ui(workdir, port: int, log, env: dict[str, str]) -> subprocess.Popen:
     """`qeval ui` on `port`, its output to a file, not a pipe nobody reads while it runs: once the server's output
     fills a pipe, its shutdown (and the interpreter's final flush) blocks on writing."""
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "pipelines", "ui", "--port", str(port)],
             cwd=REPO,
-            env=env_with(QEVAL_WORKDIR=str(workdir)),
+            env=env_with(env, QEVAL_WORKDIR=str(workdir)),
             stdout=out,
             stderr=subprocess.STDOUT,
         )
 
 
-def test_ui_serves_the_store_on_loopback_and_stops_on_ctrl_c_and_on_sigterm(workdir):
+def _two_uis(workdir: Path, env: dict[str, str]) -> dict[str, int]:
     """Two `qeval ui` over one store, started at once (a start is mostly one core's imports): each answers on
     127.0.0.1 alone with the store's experiment; one is stopped by SIGINT (Ctrl-C), the other by SIGTERM, each
-    ends with status 0, its port closed, and nothing it started is left."""
-    MlflowTracker("ref-lm").build_run("bf16")
+    ends with status 0, its port closed, and nothing it started is left. Beside the tests (tests/lanes.py)."""
+    (workdir / "mlruns").mkdir()  # qeval's store in its work folder (pipelines/tracking/store.py), with one experiment
+    MlflowClient(f"sqlite:///{workdir}/mlruns/mlflow.db").create_experiment("qeval/ref-lm")
     ports: list[int] = []
     while len(ports) < 2:
         if (port := free_port()) not in ports:
             ports.append(port)
     stops = {signal.SIGINT: ports[0], signal.SIGTERM: ports[1]}
     logs = {stop: workdir / f"ui-{stop.name}.log" for stop in stops}
-    procs = {stop: _ui(workdir, port, logs[stop]) for stop, port in stops.items()}
+    procs = {stop: _ui(workdir, port, logs[stop], env) for stop, port in stops.items()}
     try:
         for stop, port in stops.items():
             deadline = time.monotonic() + 120
@@ -79,3 +81,12 @@ def test_ui_serves_the_store_on_loopback_and_stops_on_ctrl_c_and_on_sigterm(work
     store = str(workdir)  # the MLflow server and uvicorn name the store in their command lines
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if store in " ".join(p.info["cmdline"] or [])]
     assert left == []
+    return {stop.name: proc.returncode for stop, proc in procs.items()}
+
+
+two_uis = lanes.side_job("two_uis", _two_uis)
+
+
+def test_ui_serves_the_store_on_loopback_and_stops_on_ctrl_c_and_on_sigterm(two_uis):
+    """What _two_uis checked beside the tests (what failed there is raised here): each ended with status 0."""
+    assert two_uis == {"SIGINT": 0, "SIGTERM": 0}
