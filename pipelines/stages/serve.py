@@ -150,7 +150,7 @@ def serve(
             url,
         )
     device, device_name = engines.this_device()
-    fallback = engines.vllm_cannot_run(precision, device) if engine == "vllm" else None
+    fallback = engines.vllm_cannot_run(precision, device, dtype=compute_dtype(device)) if engine == "vllm" else None
     if fallback:
         log.warning(
             "%s@%s: %s; served by transformers serve instead (weights dequantized: emulated)",
