@@ -170,8 +170,11 @@ def measured(request, small_root, builds, tmp_path_factory):
         tracker = MemoryTracker(card.name)
         order = [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]
         done = {stage.__name__: {p: stage(card, p, tracker) for p in order} for stage in (evaluate, bench, size)}
-    lanes.ready("builds", small_root)
     lanes.start_read(request, tmp_path_factory, pipeline_run=lambda folder: _start_pipeline(small_root, folder))
+    # the side jobs on these builds wait for the pipeline run's end, where the session runs it: its sweeps judge
+    # how each server streams, and a third heavy process beside the tests' line and the run starves the server
+    # enough that a request's tokens come in one burst
+    lanes.ready_after("builds", small_root, request.config.stash.get(lanes.STARTED, {}).get("pipeline_run"))
     return done
 
 

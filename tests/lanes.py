@@ -103,7 +103,8 @@ _changed = threading.Condition()
 
 
 def ready(what: str, root: Path) -> None:
-    """`what` is there, in `root`: the session's builds, measured ("builds"), or a lane's end (its name)."""
+    """`what` is there, in `root`: the session's builds ("builds", tests/conftest.py `measured`), or a lane's end
+    (its name)."""
     with _changed:
         _ready[what] = root
         _changed.notify_all()
@@ -116,24 +117,29 @@ def closing() -> None:
         _changed.notify_all()
 
 
-def _when_ended(name: str, lane: Lane | Work) -> None:
-    """Says so (ready) once `lane` has ended, from a thread of its own."""
+def ready_after(what: str, root: Path, lane: Lane | Work | None) -> None:
+    """`what` is there, in `root`, once `lane` has ended (at once where there is no lane), from a thread of its
+    own."""
+    if lane is None:
+        ready(what, root)
+        return
 
     def watch() -> None:
         if isinstance(lane, Lane):
             lane.proc.wait()
         else:
             lane.thread.join()
-        ready(name, lane.root)
+        ready(what, root)
 
-    threading.Thread(target=watch, name=f"{name} watched", daemon=True).start()
+    threading.Thread(target=watch, name=f"{what} after {lane.root.name}", daemon=True).start()
 
 
 def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, after: str | None = None):
     """`job(folder, env)` run beside the tests from the session's start, after the side jobs before it, with the
     environment of the session's start (`env`, not what a test's monkeypatch sets meanwhile); with `after`,
-    `job(folder, env, root)` once that is there: the session's builds, measured ("builds", in the session's
-    folder; its readers take `measured`) or a lane's end (its name and fixture; its folder). Returns the fixture
+    `job(folder, env, root)` once that is there: the session's builds, measured, and the session's pipeline run
+    ended ("builds", in the session's folder; its readers take `measured`), or a lane's end (its name and
+    fixture; its folder). Returns the fixture
     `name`, which waits for it and gives what it returned (raising what it raised); its test module assigns it
     to a name of its own for pytest to find."""
 
@@ -232,7 +238,7 @@ def start_read(request: pytest.FixtureRequest, folders, **how: Callable[[Path], 
     for name, begin in how.items():
         if name not in started and any(reads(item, name) for item in request.session.items):
             started[name] = begin(folders.mktemp(name))
-            _when_ended(name, started[name])
+            ready_after(name, started[name].root, started[name])
     if any(lane.running() for lane in started.values()):
         beside(True)
 
@@ -244,7 +250,7 @@ def ended(request: pytest.FixtureRequest, folders, name: str) -> tuple[Path, obj
     if name not in started:
         begin = {**AT_START, **SIDE_JOBS}[name]
         started[name] = begin(folders.mktemp(name))  # waited for at once: nothing runs beside it here
-        _when_ended(name, started[name])
+        ready_after(name, started[name].root, started[name])
     try:
         done = started[name].wait()
     finally:  # what its work raised, too, leaves the settings beside lanes to the lanes still running
