@@ -208,10 +208,15 @@ class PipelineRun:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The lanes' readers after the others, so that the tests before them run while the lanes do (tests/lanes.py);
-    the `quiet` tests last, when every lane has ended: a latency they judge against a fixed objective is not to
-    be the lanes' on a shared core."""
-    items.sort(key=lambda item: (item.get_closest_marker("quiet") is not None, lanes.reads(item)))  # stable
+    """The lanes' readers after the others, so that the tests before them run while the lanes do (tests/lanes.py),
+    and of those, the readers of a side job that waits for the builds or a lane's end last, since it ends last;
+    the `quiet` tests after all, when every lane has ended: a latency they judge against a fixed objective is not
+    to be the lanes' on a shared core."""
+
+    def when(item: pytest.Item) -> tuple[bool, bool, bool]:
+        return item.get_closest_marker("quiet") is not None, lanes.reads(item), lanes.reads_waiting(item)
+
+    items.sort(key=when)  # stable
 
 
 @pytest.fixture(scope="session", autouse=True)

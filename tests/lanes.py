@@ -161,6 +161,8 @@ def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, a
         return Work(folder, one, timeout_s)
 
     SIDE_JOBS[name] = begin
+    if after is not None:
+        WAITING.add(name)
 
     def waited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> object:
         if after is not None:  # what the job waits for, made here where it runs alone
@@ -217,6 +219,7 @@ def beside(on: bool) -> None:
 # job that needs the session's builds or a lane's end waits for it)
 AT_START: dict[str, Callable[[Path], Lane | Work]] = {}
 SIDE_JOBS: dict[str, Callable[[Path], Work]] = {}
+WAITING: set[str] = set()  # the side jobs that wait for the builds or a lane's end: they end last
 # the lanes started, by fixture name (tests/conftest.py stops each as the session ends)
 STARTED = pytest.StashKey[dict[str, Lane | Work]]()
 
@@ -229,6 +232,11 @@ def reads(item: pytest.Item, name: str | None = None) -> bool:
     """Whether the test takes the fixture of lane `name` (any lane's where None)."""
     taken = getattr(item, "fixturenames", ())
     return any(n in taken for n in ((name,) if name else names()))
+
+
+def reads_waiting(item: pytest.Item) -> bool:
+    """Whether the test takes the fixture of a side job that waits (WAITING), which ends after the lanes."""
+    return any(reads(item, name) for name in WAITING)
 
 
 def start_read(request: pytest.FixtureRequest, folders, **how: Callable[[Path], Lane | Work]) -> None:
