@@ -139,9 +139,8 @@ def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, a
     environment of the session's start (`env`, not what a test's monkeypatch sets meanwhile); with `after`,
     `job(folder, env, root)` once that is there: the session's builds, measured, and the session's pipeline run
     ended ("builds", in the session's folder; its readers take `measured`), or a lane's end (its name and
-    fixture; its folder). Returns the fixture
-    `name`, which waits for it and gives what it returned (raising what it raised); its test module assigns it
-    to a name of its own for pytest to find."""
+    fixture; its folder). Returns the fixture `name`, which waits for it and gives what it returned (raising
+    what it raised); its test module assigns it to a name of its own for pytest to find."""
 
     def begin(folder: Path) -> Work:
         beside(True)
