@@ -12,7 +12,7 @@ from eval import gpus, sizing
 from pipelines.core.card.cards import load_card
 from pipelines.core.framework.weights import resolve_weights
 from pipelines.core.store.results import Sized, VllmSettings
-from pipelines.stages import engines
+from pipelines.stages import engines, serve
 from pipelines.stages.serve import default_tensor_parallel, vllm_settings
 from quant.execution import CPU, Device
 
@@ -174,6 +174,13 @@ def test_vllm_runs_4_bit_weights_on_a_cpu_only_with_avx512_and_in_16_bits():
     assert {engines.vllm_cannot_run(p, CPU, avx2, "x86_64") for p in ("bf16", "fp8", "int8")} == {None}
     assert engines.vllm_cannot_run("awq", Device("cuda", (9, 0)), avx2, "x86_64") is None
     assert engines.vllm_cannot_run("awq", CPU, frozenset({"asimd"}), "aarch64") is None  # not this x86 library split
+
+
+def test_vllm_serves_in_the_offline_evaluations_dtype_and_the_engine_is_chosen_by_it(monkeypatch):
+    """One answer for --dtype and for whether the 4-bit kernel runs: bf16 is the checkpoint's (auto)."""
+    assert serve.vllm_dtype(Device("cuda", (9, 0))) == "auto"
+    monkeypatch.setattr(serve, "compute_dtype", lambda device: "float32")  # a CPU without bf16 units
+    assert serve.vllm_dtype(CPU) == "float32"
 
 
 def test_a_kv_cache_variant_is_served_with_its_own_kv_cache_dtype():

@@ -19,8 +19,9 @@ from pipelines.core.store.searches import with_carried
 from pipelines.core.store.verdicts import Decision
 from pipelines.present.shipcard import ship_card
 from pipelines.stages.engines import kv_cannot_serve, vllm_cannot_run
+from pipelines.stages.serve import vllm_dtype
 from pipelines.tracking.store import tracking_uri
-from quant.execution import CPU, compute_dtype
+from quant.execution import CPU
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +133,7 @@ def test_the_search_ranks_the_layers_builds_one_mix_proves_it_and_serves_it_with
     sizes = {p: _result(pipeline_run, "quantize", p)["checkpoint_bytes"] for p in ("gptq", "int8")}
     assert sizes["gptq"] < q["checkpoint_bytes"] == tried["weight_bytes"] < sizes["int8"]
     served = _result(pipeline_run, "serve", mix)
-    if vllm_cannot_run(mix, CPU, dtype=compute_dtype(CPU)):
+    if vllm_cannot_run(mix, CPU, dtype=vllm_dtype(CPU)):
         assert served["engine"] == "transformers"
     else:  # one kernel per format, each labelled by how it runs here
         assert served["engine"] == "vllm" and served["execution"] == "mixed"
@@ -169,7 +170,7 @@ def test_every_build_is_served_on_vllm_labelled_by_its_kernel_and_scored_through
     served = {p: _result(pipeline_run, "serve", p) for p in PRECISIONS}
     # vLLM's 4-bit CPU kernel needs AVX-512 and a 16-bit dtype: without them the 4-bit builds are served by
     # transformers, dequantized
-    cannot = vllm_cannot_run("gptq", CPU, dtype=compute_dtype(CPU))
+    cannot = vllm_cannot_run("gptq", CPU, dtype=vllm_dtype(CPU))
     fourbit = ("transformers", "emulated") if cannot else ("vllm", "weight-only")
     # the KV-cache variant: int8's checkpoint with vLLM's FP8 KV cache, which its CPU attention keeps with AVX-512
     unserved = kv_cannot_serve("fp8", "vllm", CPU)

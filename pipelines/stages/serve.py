@@ -80,6 +80,14 @@ def default_tensor_parallel(card: ModelCard, sized: Sized | None, device_name: s
     return fit.tensor_parallel
 
 
+def vllm_dtype(device: Device) -> str:
+    """vLLM's --dtype for a build served here: the dtype the offline evaluation computes in
+    (quant.execution.compute_dtype), `auto` (the checkpoint's) where that is bf16. What vLLM serves in decides
+    which of its kernels run (engines.vllm_cannot_run), so the settings and the choice of engine both ask here."""
+    dtype = compute_dtype(device)
+    return "auto" if dtype == "bfloat16" else dtype
+
+
 def vllm_settings(
     card: ModelCard,
     precision: str,
@@ -106,7 +114,6 @@ def vllm_settings(
         length = max(length, (card.context_window(positions) or positions) + 2)
     gpu = device.kind == "cuda"
     sized = result_of(card.name, precision, Sized) if gpu else None
-    dtype = compute_dtype(device)
     kv = kv_cache_dtype(precision, srv.kv_cache_dtype)
     share, small = (
         engines.gpu_memory_plan(
@@ -125,7 +132,7 @@ def vllm_settings(
         gpu_memory_utilization=share,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
         positions=positions if length > positions else None,
-        dtype="auto" if dtype == "bfloat16" else dtype,
+        dtype=vllm_dtype(device),
         torch_onednn=not engines.torch_onednn_off(precision, device),
     )
 
@@ -150,7 +157,7 @@ def serve(
             url,
         )
     device, device_name = engines.this_device()
-    fallback = engines.vllm_cannot_run(precision, device, dtype=compute_dtype(device)) if engine == "vllm" else None
+    fallback = engines.vllm_cannot_run(precision, device, dtype=vllm_dtype(device)) if engine == "vllm" else None
     if fallback:
         log.warning(
             "%s@%s: %s; served by transformers serve instead (weights dequantized: emulated)",
