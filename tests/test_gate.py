@@ -20,6 +20,7 @@ from pipelines.decision.policy import choose, combine, length_rule, memory_rule,
 from pipelines.present.charts import pareto
 from pipelines.present.formats import precision_colour
 from pipelines.present.report_tables import documents_section
+from pipelines.tracking.store import sqlite_store
 from quant.execution import Execution
 
 PASS, FAIL, INCONCLUSIVE, NOT_GATED = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.NOT_GATED
@@ -301,7 +302,7 @@ def shipped(small_root, builds, measured, tmp_path_factory):
         _with_policy(root, baseline="bf16", prefer="memory", **lenient)
         done = _gate_cli(root, "gate", "--model", "ref-small", "--json")
         assert done.returncode == 0, done.stderr[-2000:]
-    client = MlflowClient(f"sqlite:///{root / 'mlruns/mlflow.db'}")
+    client = MlflowClient(sqlite_store(root / "mlruns"))
     version = client.get_model_version_by_alias("qeval-ref-small", "ship")
     return Shipped(root, last_json_line(done.stdout)["gate"], client, version)
 

@@ -16,6 +16,7 @@ from helpers import REPO, env_with, free_port
 from mlflow.tracking import MlflowClient
 
 from pipelines.tracking.names import experiment_name
+from pipelines.tracking.store import sqlite_store
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def _two_uis(workdir: Path, env: dict[str, str]) -> dict[str, int]:
     127.0.0.1 alone with the store's experiment; one is stopped by SIGINT (Ctrl-C), the other by SIGTERM, each
     ends with status 0, its port closed, and nothing it started is left. Beside the tests (tests/lanes.py)."""
     (workdir / "mlruns").mkdir()  # qeval's store in its work folder (pipelines/tracking/store.py), with one experiment
-    MlflowClient(f"sqlite:///{workdir}/mlruns/mlflow.db").create_experiment(experiment_name("ref-lm"))
+    MlflowClient(sqlite_store(workdir / "mlruns")).create_experiment(experiment_name("ref-lm"))
     ports: list[int] = []
     while len(ports) < 2:
         if (port := free_port()) not in ports:

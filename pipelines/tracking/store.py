@@ -23,7 +23,12 @@ from pipelines.core.system.paths import mlruns_dir
 
 def tracking_uri() -> str:
     """$MLFLOW_TRACKING_URI, else the SQLite store under mlruns/."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or sqlite_store(mlruns_dir())
+
+
+def sqlite_store(mlruns: Path) -> str:
+    """The address of the default store in folder `mlruns` (a work folder's mlruns/, paths.mlruns_dir)."""
+    return f"sqlite:///{mlruns / 'mlflow.db'}"
 
 
 HEALTH_TIMEOUT_S = 5.0  # a tracking server that does not answer /health within this is not used
