@@ -331,6 +331,9 @@ speed:
 server:
   requests_per_user: 2
   warmup: 1
+  # it starts with the session, beside its builds: on two cores a server below normal priority
+  # (pipelines/stages/sweep.py, SERVER_NICE) can wait minutes for its start
+  start_timeout_s: 900
 target_gpus: [l4]
 gate:
   speed_regime: server
@@ -349,7 +352,7 @@ def _start_shape_run(workdir: Path) -> lanes.Lane:
     (workdir / "cards").mkdir()
     (workdir / "cards" / "tiny-shape.yaml").write_text(TINY_CARD.format(config=config))
     env = env_with(HF_HUB_OFFLINE="1", QEVAL_WORKDIR=str(workdir), QEVAL_CARDS_DIR=str(workdir / "cards"))
-    return lanes.start(workdir, env, "run", "--model", "tiny-shape", "--json", timeout_s=900)
+    return lanes.start(workdir, env, "run", "--model", "tiny-shape", "--json", timeout_s=1500)
 
 
 lanes.AT_START["shape_run"] = _start_shape_run
