@@ -6,7 +6,8 @@ its start.
 
 A side job (`side_job`) is a test's own processes (a `qeval` command that must fail one way, a server it drives)
 taken off the test process's line: the side jobs run one after another in threads of their own, so that the
-tests' line and theirs keep both cores busy where the test process would have waited on each in turn.
+tests' line and theirs keep both cores busy where the test process would have waited on each in turn; two at
+once when the test process has nothing left but to wait for them.
 
 Most of such a run is one core's work (vLLM's start-up imports, one process after another; a sweep's client),
 so on two cores it costs the session little more than the wait, if any, for what is left of it when its
@@ -20,7 +21,8 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +98,9 @@ class Work:
         self.thread.join(self.timeout_s)
 
 
-_one_side_job = threading.Lock()  # held by the side job that runs
+# side jobs that may run at once: one while the test process works beside them, two once it only waits for them
+# (`waiting_only`); and how many run
+_slots = {"allowed": 1, "running": 0}
 _ready: dict[str, Path] = {}  # what a side job may wait for, once it is there: "builds", or a lane that has ended
 _closing: list[bool] = []  # [True] once the session ends: nothing more comes
 _changed = threading.Condition()
@@ -115,6 +119,27 @@ def closing() -> None:
     with _changed:
         _closing[:] = [True]
         _changed.notify_all()
+
+
+def waiting_only() -> None:
+    """The test process only waits for the side jobs from now on: two may run at once."""
+    with _changed:
+        _slots["allowed"] = 2
+        _changed.notify_all()
+
+
+@contextmanager
+def _slot() -> Iterator[None]:
+    """A side job's turn: held while it runs."""
+    with _changed:
+        _changed.wait_for(lambda: _slots["running"] < _slots["allowed"])
+        _slots["running"] += 1
+    try:
+        yield
+    finally:
+        with _changed:
+            _slots["running"] -= 1
+            _changed.notify_all()
 
 
 def ready_after(what: str, root: Path, lane: Lane | Work | None) -> None:
@@ -154,7 +179,7 @@ def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, a
                 if after not in _ready:
                     raise RuntimeError(f"{name}: {after} never came")
                 more = (_ready[after],)
-            with _one_side_job:
+            with _slot():
                 return job(folder, env, *more)
 
         return Work(folder, one, timeout_s)
@@ -166,6 +191,9 @@ def side_job(name: str, job: Callable[..., object], timeout_s: float = 900, *, a
     def waited(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> object:
         if after is not None:  # what the job waits for, made here where it runs alone
             request.getfixturevalue("measured" if after == "builds" else after)
+            # the waiting side jobs' readers come last but for the quiet tests (tests/conftest.py): the test
+            # process has nothing else to do
+            waiting_only()
         return ended(request, tmp_path_factory, name)[1]
 
     return pytest.fixture(waited, name=name)
