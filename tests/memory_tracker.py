@@ -241,9 +241,9 @@ class MemoryTracker:
         run.status = "FINISHED"
         return run_id
 
-    def log_report(self, figures, tables, files) -> str:
+    def log_report(self, tables, files) -> str:
         run = self.runs[self.summary_run()]
-        run.artifacts |= {f"report/{n}": b"" for n in [*figures, *tables]}
+        run.artifacts |= {f"report/{n}": b"" for n in tables}
         run.artifacts |= {f"report/{p.name}": p.read_bytes() for p in files}
         run.status = "FINISHED"
         return self.find_run(None) or ""

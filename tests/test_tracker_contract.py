@@ -210,6 +210,6 @@ def test_a_report_written_while_a_gate_replaces_the_summary_run_lands_on_the_new
     monkeypatch.setattr(tracker.client, "log_artifact", meanwhile)
     page = tmp_path / "report.md"
     page.write_text("# report\n")
-    got = tracker.log_report({}, {}, [page])
+    got = tracker.log_report({}, [page])
     assert replaced and got == replaced[0] == gate.find_run(None) != old
     assert (tracker.download(got, "report", tmp_path / "back") / "report.md").read_text() == "# report\n"

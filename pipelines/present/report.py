@@ -210,11 +210,12 @@ def _publish(
     files written."""
     for name, fig in figures.items():
         _save_fig(fig, out / name)
+    charts.close(figures.values())
     md = out / "report.md"
     atomic_write(md, text)
-    tracker.log_report(figures, tables, [md, *(more or [])])
-    charts.close(figures.values())
-    return [out / name for name in figures] + [md, *(more or [])]
+    written = [out / name for name in figures] + [md, *(more or [])]
+    tracker.log_report(tables, written)
+    return written
 
 
 def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:

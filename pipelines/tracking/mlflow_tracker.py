@@ -369,12 +369,11 @@ class MlflowTracker:
 
         return self._on_summary(write)
 
-    def log_report(self, figures, tables, files) -> str:
-        """Charts (matplotlib figures), tables and files of the report, on the model's summary run."""
+    def log_report(self, tables, files) -> str:
+        """Tables and files of the report (its charts as the report wrote them: one rendering, the same bytes in
+        the folder and the store), on the model's summary run."""
 
         def write(run_id: str) -> str:
-            for name, fig in figures.items():
-                self.client.log_figure(run_id, fig, f"report/{name}")
             for name, table in tables.items():
                 self.client.log_table(run_id, data=dict(table), artifact_file=f"report/{name}")
             for path in files:

@@ -94,6 +94,6 @@ class Tracker(Protocol):
         policy changed; its id."""
         ...
 
-    def log_report(self, figures: Mapping[str, Any], tables: Mapping[str, Any], files: Iterable[Path]) -> str:
-        """The report's charts (matplotlib figures), tables and files on the summary run; its id."""
+    def log_report(self, tables: Mapping[str, Any], files: Iterable[Path]) -> str:
+        """The report's tables and files (its charts, as written) on the summary run; its id."""
         ...
