@@ -176,8 +176,8 @@ def test_vllm_runs_4_bit_weights_on_a_cpu_only_with_avx512_and_in_16_bits():
     assert engines.vllm_cannot_run("awq", CPU, frozenset({"asimd"}), "aarch64") is None  # not this x86 library split
 
 
-def test_vllm_serves_in_the_offline_evaluations_dtype_and_the_engine_is_chosen_by_it(monkeypatch):
-    """One answer for --dtype and for whether the 4-bit kernel runs: bf16 is the checkpoint's (auto)."""
+def test_vllm_serves_in_the_offline_evaluations_dtype_and_bf16_as_the_checkpoints(monkeypatch):
+    """vllm_dtype answers for --dtype and for whether the 4-bit kernel runs (serve.serve): bf16 is `auto`."""
     assert serve.vllm_dtype(Device("cuda", (9, 0))) == "auto"
     monkeypatch.setattr(serve, "compute_dtype", lambda device: "float32")  # a CPU without bf16 units
     assert serve.vllm_dtype(CPU) == "float32"
