@@ -3,8 +3,8 @@
 reports/<model>/ gets report.md (the decision at a glance, then every figure, the reasons and how each
 was measured; the tables are report_tables.py's) and the charts of charts.py: quality against weights and
 against speed (the deciding one first, by the policy's `prefer`), server latency against users, engine speed
-against batch size, memory. The same charts and the table go to the model's summary run in MLflow (`log_figure`,
-`log_table`).
+against batch size, memory. The same charts (the files written, rendered once) and the table go to the model's
+summary run in MLflow.
 """
 
 from __future__ import annotations
