@@ -206,3 +206,22 @@ def test_an_interrupt_in_one_of_the_sweeps_tasks_is_said_once(caplog):
         gc.collect()  # each task, done and never awaited, reports its exception now
     reported = [r.exc_info[1] for r in caplog.records if r.exc_info]
     assert [type(e) for e in reported] == [ValueError]
+
+
+def test_polling_a_starting_server_makes_one_tls_context(monkeypatch):
+    """httpx makes a TLS context (its CA bundle parsed) for every client, and a probe is one: a server polled
+    twice a second while it starts would cost the CPU it needs. Every probe shares one (net._tls)."""
+    import socket
+    import ssl
+
+    from pipelines.core.system import net
+
+    made = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: made.append(1) or real(*a, **k))
+    net._tls.cache_clear()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert [net.answers(url, timeout=1) for _ in range(3)] == [False] * 3
+    assert len(made) == 1

@@ -7,6 +7,7 @@ the connection and never answers must not hang qeval.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 
@@ -18,13 +19,23 @@ class Unreachable(Exception):
         self.url, self.why = url, why
 
 
+@cache
+def _tls() -> Any:
+    """The TLS context every probe shares, made once. httpx makes one for each client (its CA bundle read and
+    parsed), and a probe is a client: a server polled twice a second while it starts would pay more for
+    certificates than for the polls, out of the CPU the server needs to start."""
+    import httpx
+
+    return httpx.create_ssl_context()  # what httpx.get makes by default: certifi's bundle, or SSL_CERT_FILE
+
+
 def probe(url: str, timeout: float, *, auth: tuple[str, str] | None = None, ok_only: bool = True) -> Any:
     """GET `url` within `timeout` seconds and return the response; Unreachable where nothing answered (and,
     with `ok_only`, where the answer was an HTTP error)."""
     import httpx
 
     try:
-        r = httpx.get(url, timeout=timeout, auth=auth, follow_redirects=True)
+        r = httpx.get(url, timeout=timeout, auth=auth, follow_redirects=True, verify=_tls())
         if ok_only:
             r.raise_for_status()
         return r
