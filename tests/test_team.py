@@ -161,12 +161,20 @@ def _team(root: Path) -> Iterator[dict]:
         # without MLflow's job runner, as `qeval ui` starts its server: qeval submits no job (UI_ENV)
         procs.append(ns.start(server, root / "mlflow-server.log", env={**ns.env, **UI_ENV}))
         uri = "http://127.0.0.1:5000"
-        probe = [str(VENV_BIN / "python"), "-c", f"import httpx; httpx.get('{uri}/health').raise_for_status()"]
-        for _ in range(120):
-            if ns.run(probe).returncode == 0:
-                break
-            time.sleep(1)
-        else:
+        # one process polls (a Python started per poll costs the server's start more than the polls do)
+        wait = (
+            "import sys, time, httpx\n"
+            "with httpx.Client() as c:\n"
+            "    for _ in range(240):\n"
+            "        try:\n"
+            f"            if c.get('{uri}/health').status_code == 200:\n"
+            "                sys.exit(0)\n"
+            "        except httpx.TransportError:\n"
+            "            pass\n"
+            "        time.sleep(0.5)\n"
+            "sys.exit(1)"
+        )
+        if ns.run([str(VENV_BIN / "python"), "-c", wait], timeout=150).returncode != 0:
             pytest.fail("the MLflow server did not come up: " + (root / "mlflow-server.log").read_text()[-2000:])
 
         worker = root / "worker"  # the Ray node's own artifacts cache
