@@ -110,6 +110,8 @@ SMALL = {
     "server:\n  requests_per_user: 3\n": "server:\n  requests_per_user: 2\n  warmup: 1\n",
     # most tests gate builds they have not served; tests/test_pipeline.py serves them and puts it back
     "  speed_regime: server\n": "  speed_regime: engine\n",
+    # the search's ranking reads 4 calibration samples, not 16: each of its ~50 forwards is per sample
+    "  samples: 16\n": "  samples: 4\n",
 }
 
 
@@ -196,7 +198,7 @@ def own_root(small_root, builds, measured, tmp_path, monkeypatch) -> Path:
 
 
 ALL = ("bf16", "fp8", "int8", "awq", "gptq", "int8+kv-fp8")  # ref-lm's builds, in its card's order
-SERVED = tuple(p for p in ALL if p != "awq")  # the session's pipeline run's
+SERVED = tuple(p for p in ALL if p not in ("fp8", "awq"))  # the session's pipeline run's
 
 
 @dataclass(frozen=True)
@@ -232,13 +234,15 @@ def _lanes(request, tmp_path_factory):
 
 
 def _start_pipeline(small_root: Path, folder: Path) -> lanes.Lane:
-    """`qeval run --model ref-small` as `make run` runs it, in a copy of the session's folder: every build
-    served (as ref-lm's card says) and scored through its server, the gate and the report."""
+    """`qeval run --model ref-small` as `make run` runs it, in a copy of the session's folder: each build it
+    lists served (as ref-lm's card says) and scored through its server, the gate and the report."""
     root = copy_root(small_root, folder)
     card = root / "cards" / "ref-small.yaml"
     text = card.read_text().replace("speed_regime: engine", "speed_regime: server")  # as ref-lm's
-    # every build but awq: vLLM serves it as it serves gptq (one kernel, CPUWNA16LinearKernel), and its other
-    # stages are the session's (`builds`, `measured`); one server fewer
+    # every build but fp8 and awq, two servers fewer: their other stages are the session's (`builds`,
+    # `measured`), and serving them runs no path of qeval's the others do not: vLLM serves awq with gptq's one
+    # kernel (CPUWNA16LinearKernel), and fp8 through the serve stage's code int8 takes, its kernel's label
+    # read from vLLM's log as tests/test_engines.py reads it
     listed = f"precisions: [{', '.join(ALL)}]"
     assert listed in text, f"ref-lm.yaml no longer has {listed!r}: update tests/conftest.py ALL"
     text = text.replace(listed, f"precisions: [{', '.join(SERVED)}]")

@@ -25,7 +25,7 @@ from quant.execution import CPU
 
 pytestmark = pytest.mark.slow
 
-PRECISIONS = list(SERVED)  # ref-lm's builds but awq (tests/conftest.py, pipeline_run)
+PRECISIONS = list(SERVED)  # ref-lm's builds but fp8 and awq (tests/conftest.py, pipeline_run)
 BUILD_STAGES = ("quantize", "evaluate", "bench", "size", "serve")
 
 
@@ -176,7 +176,6 @@ def test_every_build_is_served_on_vllm_labelled_by_its_kernel_and_scored_through
     unserved = kv_cannot_serve("fp8", "vllm", CPU)
     assert {p: (r["engine"], r["execution"]) for p, r in served.items()} == {
         "bf16": ("vllm", "native"),
-        "fp8": ("vllm", "emulated"),
         "int8": ("vllm", "native"),
         "gptq": fourbit,
         "int8+kv-fp8": ("vllm", "unknown" if unserved else "native"),
