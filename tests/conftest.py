@@ -4,7 +4,8 @@ Tiers: a test with no mark is a unit test: no process, no MLflow store, no model
 in under 30 s; the fixture below refuses a process or a store to them). `integration` marks tests that start a
 process or open a store (seconds each); `slow` marks those that run a model, a harness or a server (minutes).
 
-Every test writes its artifacts and MLflow store under a temporary folder of its own. The small card
+Every test writes its artifacts and MLflow store under a temporary folder of its own, the store started as a
+copy of an empty one MLflow made once (tests/helpers.py, seed_store). The small card
 `ref-small` (ref-lm with tiny calibration, a 6-document limit and a small grid) is quantized, evaluated and
 benchmarked once per session, in a folder the session fixtures alone write to. A test that runs more
 stages, the gate or the report on those builds takes `own_root`: a copy of that folder (checkpoints
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import lanes
 import pytest
-from helpers import REPO, last_json_line, root_env
+from helpers import REPO, empty_store_in, last_json_line, root_env, seed_store
 from memory_tracker import MemoryTracker
 
 from pipelines.core.card.cards import load_card
@@ -75,10 +76,13 @@ def _fresh_progress():
 
 
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """QEVAL_WORKDIR in a temporary folder, and the default (SQLite) MLflow store inside it."""
+def workdir(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """QEVAL_WORKDIR in a temporary folder, and the default (SQLite) MLflow store inside it: seeded for a test
+    that may open it (helpers.seed_store), but one marked `new_store`."""
     monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    if any(request.node.get_closest_marker(t) for t in TIERS) and not request.node.get_closest_marker("new_store"):
+        seed_store(tmp_path)
     return tmp_path
 
 
@@ -181,17 +185,18 @@ def measured(request, small_root, builds, tmp_path_factory):
 
 
 def copy_root(src: Path, root: Path) -> Path:
-    """A copy of work folder `src` at `root`: its cards and artifacts (files hard-linked), no MLflow store."""
+    """A copy of work folder `src` at `root`: its cards and artifacts (files hard-linked), and an empty MLflow
+    store (helpers.seed_store), not `src`'s."""
     shutil.copytree(src / "cards", root / "cards")
     shutil.copytree(
         src / "artifacts", root / "artifacts", copy_function=os.link, ignore=shutil.ignore_patterns(".lock")
     )
-    return root
+    return seed_store(root)
 
 
 @pytest.fixture
 def own_root(small_root, builds, measured, tmp_path, monkeypatch) -> Path:
-    """A private copy of the session's folder (checkpoints hard-linked, no MLflow store), made current."""
+    """A private copy of the session's folder (checkpoints hard-linked, an empty MLflow store), made current."""
     root = copy_root(small_root, tmp_path / "own")
     use_root(monkeypatch, root)
     return root
@@ -224,7 +229,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _lanes(request, tmp_path_factory):
     """The lanes that need nothing of the session's and the side jobs, started as the session starts (those a
-    test of it reads); every lane started in the session, stopped as it ends."""
+    test of it reads); every lane started in the session, stopped as it ends. Where the empty store is made, first.
+    """
+    empty_store_in(tmp_path_factory.mktemp("empty_store"))
     lanes.start_read(request, tmp_path_factory, **lanes.AT_START, **lanes.SIDE_JOBS)
     yield
     lanes.closing()  # a side job still waiting ends

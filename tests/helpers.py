@@ -1,12 +1,14 @@
 """What the tests share that is not a fixture: the repository, `qeval` as a user runs it, environments for
-a work folder of their own, and the checks several files make."""
+a work folder of their own (its MLflow store seeded), and the checks several files make."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,6 +47,7 @@ __all__ = [
     "qeval_timed",
     "root_env",
     "same_logits",
+    "seed_store",
 ]
 
 
@@ -55,12 +58,47 @@ def env_with(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, s
     return env
 
 
+_EMPTY_STORE: dict[str, Path] = {}  # "home": its folder, the session's (tests/conftest.py); "db": once made
+_EMPTY_STORE_LOCK = threading.Lock()
+
+
+def seed_store(root: Path) -> Path:
+    """Work folder `root`, its default MLflow store (pipelines/tracking/store.py) started, where it has none, as a
+    copy of an empty one MLflow made once this session. MLflow makes a store by running its schema migrations
+    one by one, seconds of CPU, and the suite's work folders would make dozens; qeval opens a store that is
+    there as it does on every command after a folder's first. A test of making one (marked `new_store`) makes
+    its own from nothing."""
+    db = root / "mlruns" / "mlflow.db"
+    if not db.exists():
+        db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_empty_store(), db)
+    return root
+
+
+def empty_store_in(home: Path) -> None:
+    """Where the session's empty store is made, on first use (tests/conftest.py)."""
+    _EMPTY_STORE["home"] = home
+
+
+def _empty_store() -> Path:
+    with _EMPTY_STORE_LOCK:
+        if "db" not in _EMPTY_STORE:
+            from mlflow.tracking import MlflowClient
+
+            from pipelines.tracking.store import sqlite_store
+
+            home = _EMPTY_STORE["home"]
+            MlflowClient(sqlite_store(home)).search_experiments()  # its tables made, and its Default experiment
+            _EMPTY_STORE["db"] = home / "mlflow.db"
+        return _EMPTY_STORE["db"]
+
+
 def card_env(tmp_path: Path, name: str, source: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of ref-lm's card named `name` with another `source:` section in `tmp_path`/cards, and the
-    environment of a `qeval` working in `tmp_path` with it (from `base`, else this one)."""
+    environment of a `qeval` working in `tmp_path` with it (from `base`, else this one), its store seeded."""
     text = (REPO / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", f"name: {name}")
     text = text.replace("source:\n  path: refmodel/ref-lm\n", source)
-    cards = tmp_path / "cards"
+    cards = seed_store(tmp_path) / "cards"
     cards.mkdir(exist_ok=True)
     (cards / f"{name}.yaml").write_text(text)
     return env_with(base, QEVAL_WORKDIR=str(tmp_path), QEVAL_CARDS_DIR=str(cards), HF_HOME=str(tmp_path / "hf"))
@@ -81,8 +119,8 @@ def processes_naming(text: str) -> list[int]:
 
 def root_env(root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a `qeval` process working in `root` (its artifacts, store and cards), from `base`
-    (else this one)."""
-    return env_with(base, QEVAL_WORKDIR=str(root), QEVAL_CARDS_DIR=str(root / "cards"))
+    (else this one); its store seeded where it has none."""
+    return env_with(base, QEVAL_WORKDIR=str(seed_store(root)), QEVAL_CARDS_DIR=str(root / "cards"))
 
 
 def qeval_command(*args: str) -> list[str]:

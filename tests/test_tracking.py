@@ -165,6 +165,7 @@ def _open_store(args):
 
 
 @pytest.mark.integration
+@pytest.mark.new_store
 def test_many_processes_can_create_the_store_at_once(workdir):
     with mp.get_context("spawn").Pool(6) as pool:
         run_ids = pool.map(_open_store, [(str(workdir), i) for i in range(6)])

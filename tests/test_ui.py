@@ -12,7 +12,7 @@ from pathlib import Path
 import lanes
 import psutil
 import pytest
-from helpers import REPO, env_with, free_port
+from helpers import REPO, env_with, free_port, seed_store
 from mlflow.tracking import MlflowClient
 
 from pipelines.tracking.names import experiment_name
@@ -43,8 +43,8 @@ def _two_uis(workdir: Path, env: dict[str, str]) -> dict[str, int]:
     """Two `qeval ui` over one store, started at once (a start is mostly one core's imports): each answers on
     127.0.0.1 alone with the store's experiment; one is stopped by SIGINT (Ctrl-C), the other by SIGTERM, each
     ends with status 0, its port closed, and nothing it started is left. Beside the tests (tests/lanes.py)."""
-    (workdir / "mlruns").mkdir()  # qeval's store in its work folder (pipelines/tracking/store.py), with one experiment
-    MlflowClient(sqlite_store(workdir / "mlruns")).create_experiment(experiment_name("ref-lm"))
+    # qeval's store in its work folder (pipelines/tracking/store.py), with one experiment
+    MlflowClient(sqlite_store(seed_store(workdir) / "mlruns")).create_experiment(experiment_name("ref-lm"))
     ports: list[int] = []
     while len(ports) < 2:
         if (port := free_port()) not in ports:
