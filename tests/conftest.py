@@ -33,6 +33,8 @@ from memory_tracker import MemoryTracker
 
 from pipelines.core.card.cards import load_card
 from pipelines.core.system import progress
+from pipelines.stages.engines import torch_onednn_off
+from quant.execution import CPU
 
 TIERS = ("integration", "slow")
 
@@ -203,7 +205,8 @@ def own_root(small_root, builds, measured, tmp_path, monkeypatch) -> Path:
 
 
 ALL = ("bf16", "fp8", "int8", "awq", "gptq", "int8+kv-fp8")  # ref-lm's builds, in its card's order
-SERVED = tuple(p for p in ALL if p not in ("fp8", "awq"))  # the session's pipeline run's
+# the session's pipeline run's builds: fp8 only where its server runs a path of qeval's own (_start_pipeline)
+SERVED = tuple(p for p in ALL if p != "awq" and (p != "fp8" or torch_onednn_off("fp8", CPU)))
 
 
 @dataclass(frozen=True)
@@ -246,10 +249,11 @@ def _start_pipeline(small_root: Path, folder: Path) -> lanes.Lane:
     root = copy_root(small_root, folder)
     card = root / "cards" / "ref-small.yaml"
     text = card.read_text().replace("speed_regime: engine", "speed_regime: server")  # as ref-lm's
-    # every build but fp8 and awq, two servers fewer: their other stages are the session's (`builds`,
+    # every build but awq and, on most CPUs, fp8, servers fewer: their other stages are the session's (`builds`,
     # `measured`), and serving them runs no path of qeval's the others do not: vLLM serves awq with gptq's one
-    # kernel (CPUWNA16LinearKernel), and fp8 through the serve stage's code int8 takes, its kernel's label
-    # read from vLLM's log as tests/test_engines.py reads it
+    # kernel (CPUWNA16LinearKernel), and fp8 through the serve stage's code int8 takes, its kernel's label read
+    # from vLLM's log as tests/test_engines.py reads it; but on a CPU with AMX-INT8, where fp8's server runs
+    # with torch's oneDNN off (engines.torch_onednn_off), and only its server proves that works
     listed = f"precisions: [{', '.join(ALL)}]"
     assert listed in text, f"ref-lm.yaml no longer has {listed!r}: update tests/conftest.py ALL"
     text = text.replace(listed, f"precisions: [{', '.join(SERVED)}]")
