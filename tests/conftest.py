@@ -116,7 +116,7 @@ SMALL = {
     "server:\n  requests_per_user: 3\n": "server:\n  requests_per_user: 2\n  warmup: 1\n",
     # most tests gate builds they have not served; tests/test_pipeline.py serves them and puts it back
     "  speed_regime: server\n": "  speed_regime: engine\n",
-    # the search's ranking reads 4 calibration samples, not 16: each of its ~50 forwards is per sample
+    # the search's ranking reads 4 calibration samples, not 16: its ~50 passes run one forward per sample
     "  samples: 16\n": "  samples: 4\n",
 }
 
@@ -232,8 +232,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _lanes(request, tmp_path_factory):
     """The lanes that need nothing of the session's and the side jobs, started as the session starts (those a
-    test of it reads); every lane started in the session, stopped as it ends. Where the empty store is made, first.
-    """
+    test of it reads), after naming the folder of the session's empty store (helpers.seed_store); every lane
+    started in the session, stopped as it ends."""
     empty_store_in(tmp_path_factory.mktemp("empty_store"))
     lanes.start_read(request, tmp_path_factory, **lanes.AT_START, **lanes.SIDE_JOBS)
     yield
