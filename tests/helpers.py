@@ -68,7 +68,9 @@ def seed_store(root: Path) -> Path:
     one by one, seconds of CPU, and the suite's work folders would make dozens; qeval opens a store that is
     there as it does on every command after a folder's first. A test of making one (marked `new_store`) makes
     its own from nothing."""
-    db = root / "mlruns" / "mlflow.db"
+    from pipelines.tracking.store import sqlite_path, sqlite_store
+
+    db = sqlite_path(sqlite_store(root / "mlruns"))  # the address qeval finds it at, as a file
     if not db.exists():
         db.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_empty_store(), db)
@@ -85,11 +87,11 @@ def _empty_store() -> Path:
         if "db" not in _EMPTY_STORE:
             from mlflow.tracking import MlflowClient
 
-            from pipelines.tracking.store import sqlite_store
+            from pipelines.tracking.store import sqlite_path, sqlite_store
 
-            home = _EMPTY_STORE["home"]
-            MlflowClient(sqlite_store(home)).search_experiments()  # its tables made, and its Default experiment
-            _EMPTY_STORE["db"] = home / "mlflow.db"
+            uri = sqlite_store(_EMPTY_STORE["home"])
+            MlflowClient(uri).search_experiments()  # its tables made, and its Default experiment
+            _EMPTY_STORE["db"] = sqlite_path(uri)
         return _EMPTY_STORE["db"]
 
 
