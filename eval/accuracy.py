@@ -1,13 +1,13 @@
-"""Accuracy of one build with lm-evaluation-harness: the only module that imports lm_eval (but for
-eval/scored_rows.py, a patch this module applies).
+"""Accuracy of one build with lm-evaluation-harness: with eval/lm_tasks.py (the tasks it loads), the only module
+that imports lm_eval (but for eval/scored_rows.py, a patch this module applies).
 
 evaluate_accuracy() writes lm_eval_results.json (lm-eval's own result document, samples removed) and
 samples_<task>.jsonl (per-document records, for paired statistics) to its output folder, and returns the
 scores normalised (eval/records.py reads lm-eval's formats). The engine lm-eval scores with is the caller's
 to name: transformers (`hf`), vLLM in-process (`vllm`), or a server's completions API
-(`local-completions`), each given the same context window. task_files() lists a local task folder's YAMLs
-and the data files they name. The pipeline runs evaluate_accuracy() in a fresh process per build
-(pipelines/core/system/child.py).
+(`local-completions`), each given the same context window. The pipeline runs evaluate_accuracy() in a fresh
+process per build (pipelines/core/system/child.py), and tasks_load() in the interpreter that will score, before
+any build is made.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import random
 import resource
 import time
 from pathlib import Path
@@ -25,11 +23,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from eval.kvcache import attention_name, fp8_kv_attention
+from eval.lm_tasks import check, load_tasks
 from eval.qdq_fast import same_values_faster
 from eval.records import GENERATED_IDS, RESULTS_FILE, AccuracyResult, scores
 from eval.scored_rows import log_softmax_scored_rows
 from eval.stopping import StopScoring, first_stop
-from quant.lookup import suggest
 
 WARM_IMPORTS = ("torch", "transformers", "datasets", "compressed_tensors", "lm_eval", "lm_eval.evaluator")
 """What every evaluation imports: pipelines/core/system/warm.py imports them once for the builds it evaluates."""
@@ -162,6 +160,21 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
                 break
     (out_dir / RESULTS_FILE).write_text(json.dumps(out, indent=2, default=str))
     return _result(out, backend, t0).model_copy(update={"not_scored": not_scored})
+
+
+class TasksLoaded(BaseModel):
+    """What tasks_load() found each task of an evaluation to be, in the interpreter that ran it."""
+
+    checked: dict[str, str] = Field(description="task -> what was checked (its documents made, or its code imported)")
+    python: str = Field(description="the interpreter that loaded them")
+
+
+def tasks_load(cfg: AccuracyConfig, out_dir: Path) -> TasksLoaded:
+    """Every task of `cfg` loaded as far as this machine allows, in this interpreter (eval/lm_tasks.py, check):
+    the evaluate stage's check, run by the Python that will score, before a model is built or loaded."""
+    import sys
+
+    return TasksLoaded(checked=check(cfg), python=sys.executable)
 
 
 def _scored(out: dict, cfg: AccuracyConfig, out_dir: Path) -> dict:
@@ -301,77 +314,6 @@ def _served_args(cfg: AccuracyConfig) -> dict[str, Any]:
     }
 
 
-def load_tasks(cfg: AccuracyConfig) -> tuple[dict[str, list], Any]:
-    """lm-eval's Task and Group objects for the evaluation (per task the card names: a tag names several),
-    their documents made and their shots set, and the TaskManager that found them; one clear error naming a
-    task that is unknown or cannot be loaded.
-
-    Tasks that make their documents when loaded (RULER's niah_*) draw them from Python's and numpy's global
-    generators and size them with the model's tokenizer: both are seeded here and the checkpoint is handed to
-    them (lm-eval's task metadata), so every build is scored on the same documents. Where every task is in
-    the local folder, lm-eval's own task index is not read."""
-    import numpy as np
-
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    manager = _task_manager(cfg)
-    shots = cfg.num_fewshot if isinstance(cfg.num_fewshot, dict) else {}
-    tasks: dict[str, list] = {}
-    for name in cfg.tasks:
-        if name not in manager.all_tasks:
-            hint = suggest(name, manager.all_tasks, n=3)
-            raise ValueError(f"unknown lm-eval task '{name}'{hint}; list them with `lm-eval ls tasks`")
-        try:
-            loaded = manager.load([name])
-        except Exception as e:
-            raise ValueError(_cannot_load(name, e)) from None
-        top = loaded["groups"][name] if name in loaded["groups"] else loaded["tasks"].get(name)
-        tasks[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: the tasks it names
-        if name in shots:
-            for task in loaded["tasks"].values():
-                task.set_config(key="num_fewshot", value=shots[name])
-    return tasks, manager
-
-
-def _task_manager(cfg: AccuracyConfig):
-    from lm_eval.tasks import TaskManager
-
-    metadata: dict[str, Any] = {}
-    if cfg.trust_remote_code or not _tokenizer_runs_code(cfg.checkpoint):
-        # RULER loads this tokenizer with trust_remote_code=True (lm_eval/tasks/ruler/common_utils.py): handed
-        # over only where that runs nothing the card has not trusted
-        metadata["pretrained"] = cfg.checkpoint
-    if cfg.max_seq_lengths:
-        metadata["max_seq_lengths"] = cfg.max_seq_lengths
-    if cfg.include_path:
-        local = TaskManager(include_path=cfg.include_path, include_defaults=False, metadata=metadata or None)
-        if all(name in local.all_tasks for name in cfg.tasks):
-            return local
-    return TaskManager(include_path=cfg.include_path, metadata=metadata or None)
-
-
-def _tokenizer_runs_code(checkpoint: str) -> bool:
-    """The checkpoint's tokenizer is code of its own (`auto_map` in its tokenizer config)."""
-    try:
-        return "auto_map" in json.loads((Path(checkpoint) / "tokenizer_config.json").read_text())
-    except (OSError, ValueError, TypeError):
-        return False
-
-
-def _cannot_load(name: str, e: Exception) -> str:
-    offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
-    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if isinstance(e, ModuleNotFoundError):
-        return f"task '{name}' needs the Python package '{e.name}', which is not installed here ({why})"
-    if offline:
-        return (
-            f"task '{name}' needs its data set from the hub, which is off here ({why}); where the hub is "
-            f"reachable set QEVAL_ALLOW_HUB=1 once to fill the cache, or write a local task YAML with "
-            f"dataset_path: json"
-        )
-    return f"task '{name}' could not be loaded: {why}"
-
-
 def _dataset_identity(config: dict) -> dict[str, Any]:
     """Where a task's data comes from; local files are identified by their sha256."""
     files = ((config.get("dataset_kwargs") or {}).get("data_files")) or {}
@@ -384,26 +326,3 @@ def _dataset_identity(config: dict) -> dict[str, Any]:
         if local
         else None,
     }
-
-
-def task_files(include: Path, root: Path) -> list[Path]:
-    """A local task folder's YAMLs, the Python files beside them (a YAML's `!function` names one: its
-    scoring) and the data files they name (relative to `root`, where lm-eval runs), so that editing any
-    reruns a stage."""
-    import yaml
-
-    class _TaskYamlLoader(yaml.SafeLoader):
-        """Reads task YAMLs, whose `!function` tags name Python code not needed here."""
-
-    _TaskYamlLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
-    files = sorted(include.glob("*.yaml"))
-    for f in list(files):
-        spec = yaml.load(f.read_text(), Loader=_TaskYamlLoader) or {}
-        data_files = (spec.get("dataset_kwargs") or {}).get("data_files") or {}
-        for value in data_files.values() if isinstance(data_files, dict) else [data_files]:
-            path = Path(value) if isinstance(value, str) else None
-            if path is not None and not path.is_absolute():
-                path = root / path
-            if path is not None and path.is_file():
-                files.append(path)
-    return files + sorted(include.glob("*.py"))

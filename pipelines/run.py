@@ -84,6 +84,10 @@ def run_pipeline(
     t0 = time.perf_counter()
     builds = builds_in_order(card)
     why = "its speed half was asked for alone (--speed-half)" if speed_half else weights_missing(card)
+    if why is None and "evaluate" not in skip:
+        from pipelines.stages.evaluate import check_where_scored
+
+        check_where_scored(card)  # before a build is made: the engine's Python can load every task
     if why is not None:
         result = _speed_half(card, tracker, builds, [s for s in SPEED_HALF if s not in skip], why, force)
     elif ray_address:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lanes
 import pytest
-from helpers import REPO, card_env, qeval, qeval_timed, root_env
+from helpers import REPO, card_env, env_with, qeval, qeval_timed, root_env
 
 import eval.engine as engine_mod
 import pipelines.core.system.device as device_mod
@@ -493,7 +493,8 @@ def test_a_task_that_makes_its_documents_gets_the_tokenizer_and_a_seed(tmp_path)
     judged on other needles."""
     import lm_eval
 
-    from eval.accuracy import AccuracyConfig, load_tasks
+    from eval.accuracy import AccuracyConfig
+    from eval.lm_tasks import load_tasks
 
     ruler = Path(lm_eval.__file__).parent / "tasks/ruler"  # found there alone: lm-eval's whole index is not read
     cfg = AccuracyConfig(
@@ -510,6 +511,64 @@ def test_a_task_that_makes_its_documents_gets_the_tokenizer_and_a_seed(tmp_path)
     (again,) = load_tasks(cfg)[0]["niah_single_1"]
     assert docs == [d["input"] for d in again.test_docs()] and len(docs) == 500
     assert {d["max_length"] for d in first.test_docs()} == {512}
+
+
+@pytest.mark.slow
+def test_every_task_of_every_shipped_card_loads_in_the_engines_python(tmp_path):
+    """On a GPU the engine's Python (.venv-vllm) scores every build: each task of each card qeval ships loads
+    there, its documents made where they are local, its code imported where its data set is the hub's (RULER's
+    needle imports wonderwords, which that environment once lacked)."""
+    from eval.accuracy import AccuracyConfig, tasks_load
+    from pipelines.core.card.cards import card_names
+    from pipelines.core.system.child import run_child
+    from pipelines.stages.engines import ENGINE_VENV
+
+    engine = str(ENGINE_VENV / "bin/python")
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    assert card_names() == ["llama-3.1-8b-instruct", "qwen2.5-0.5b-instruct", "ref-lm"]
+    cards = [load_card(name).accuracy for name in card_names()]
+    local = [acc for acc in cards if acc.include_path]
+    hub = [*dict.fromkeys(t for acc in cards if not acc.include_path for t in acc.tasks)]  # one child for them all
+    for tasks, include in [(hub, None), *((acc.tasks, str(REPO / acc.include_path)) for acc in local)]:
+        cfg = AccuracyConfig(
+            checkpoint=str(REPO / "refmodel/ref-lm"),  # a tokenizer for the task metadata; no weights are read
+            tasks=tasks,
+            include_path=include,
+            batch_size=1,
+            seed=0,
+            max_seq_lengths=[4096],
+        )
+        out = tmp_path / ("local" if include else "hub")
+        loaded = run_child(tasks_load, cfg, out, out.with_suffix(".log"), offline, python=engine)
+        assert loaded.python == engine and list(loaded.checked) == tasks
+        made = [what for what in loaded.checked.values() if "documents made" in what]
+        assert len(made) == (len(tasks) if include else 0), loaded.checked
+
+
+@pytest.mark.integration
+def test_a_package_the_engines_python_lacks_stops_the_run_before_any_build(tmp_path):
+    """qeval's own environment has RULER's wonderwords and the engine's, which scores on a GPU, does not: the run
+    says so in one line before it quantizes anything (it once failed at the baseline's evaluation, after every
+    build was made)."""
+    from pipelines.stages.engines import ENGINE_VENV
+
+    blocked = tmp_path / "blocked"
+    (blocked / "wonderwords").mkdir(parents=True)
+    (blocked / "wonderwords/__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'wonderwords'\")\n")
+    engine = tmp_path / "engine-python"
+    engine.write_text(f'#!/bin/sh\nPYTHONPATH={blocked} exec {ENGINE_VENV / "bin/python"} "$@"\n')
+    engine.chmod(0o755)
+    (tmp_path / "cards").mkdir()
+    text = small_card_text().replace("name: ref-small", "name: ref-needle")
+    text = text.replace("  batch_size: 32\n", "  batch_size: 32\n  engine: vllm\n")
+    text = text.replace("  tasks: [refkjv_ppl,", "  tasks: [niah_single_1, refkjv_ppl,")
+    (tmp_path / "cards/ref-needle.yaml").write_text(text)
+    env = root_env(tmp_path, env_with(QEVAL_VLLM_PYTHON=str(engine)))
+    done = qeval("run", "--model", "ref-needle", env=env, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "cannot load its tasks" in last and "niah_single_1" in last and "wonderwords" in last, last
+    assert not list(tmp_path.glob("artifacts/ref-needle/*/quantize/manifest.json"))  # nothing was built
 
 
 # ---- the set-up and the smoke check a lent GPU runs ---------------------------------------------------------

@@ -9,11 +9,13 @@ baseline and its builds are compared only when one engine scored them all.
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 import eval.accuracy as accuracy
 from eval.compare import recoveries
 from eval.kvcache import rounds_query
+from eval.lm_tasks import task_files
 from eval.sizing import KV_DTYPE_BYTES
 from eval.stopping import StopScoring, TaskRule
 from pipelines.core.card.cards import ModelCard
@@ -24,7 +26,7 @@ from pipelines.core.framework.weights import checkpoint_for, model_config, model
 from pipelines.core.store.layout import STAGE_LOG, stage_dir
 from pipelines.core.store.manifests import Manifest, StageRecord, finished
 from pipelines.core.store.results import Evaluated, evaluation_settings
-from pipelines.core.system.child import run_child
+from pipelines.core.system.child import ChildFailed, run_child
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.files import file_digest
@@ -44,7 +46,7 @@ def evaluate(
     checkpoint, checkpoint_id = checkpoint_for(card, precision)
     cfg = accuracy_config(card, precision, checkpoint, limit)
     include = Path(cfg.include_path) if cfg.include_path else None
-    task_data = file_digest(accuracy.task_files(include, REPO_ROOT)) if include else None
+    task_data = file_digest(task_files(include, REPO_ROOT)) if include else None
     baseline = _baseline(card, precision, cfg, task_data)
     if baseline is not None and card.gate.stop_scoring != "never":
         cfg = cfg.model_copy(update={"stop": stop_scoring(card, baseline)})
@@ -62,6 +64,30 @@ def evaluate(
         return _evaluate(card, precision, cfg, task_data, baseline.result if baseline else None, out, vllm)
 
     return run_stage(tracker, precision, Evaluated, inputs, work, force=force)
+
+
+def check_where_scored(card: ModelCard) -> None:
+    """Every task of the card loaded by the Python that will score it where that is not this one (on a GPU the
+    engine's, .venv-vllm): a package it lacks is said here, before any build is made, not at the baseline's
+    evaluation after every build was quantized (RULER's wonderwords, once). Its documents are made where they
+    are local, its code imported where its data set is the hub's (eval/lm_tasks.py, check)."""
+    check_tasks(card)
+    checkpoint, _ = checkpoint_for(card, card.gate.baseline)
+    cfg = accuracy_config(card, card.gate.baseline, checkpoint)
+    vllm = _engine_python(card, cfg)
+    if vllm is None:
+        return  # transformers scores in this interpreter, which reads every task when it evaluates
+    with tempfile.TemporaryDirectory(prefix="qeval-tasks-") as tmp:
+        out = Path(tmp)
+        try:
+            loaded = run_child(accuracy.tasks_load, cfg, out, out / STAGE_LOG, offline_env(card), python=vllm.python)
+        except ChildFailed as e:
+            raise QevalError(
+                f"model '{card.name}': the engine's Python ({vllm.python}), which scores every build here, cannot "
+                f"load its tasks: {e}; install what it lacks there (make engine-eval installs lm-eval[ruler])"
+            ) from None
+    for task, what in loaded.checked.items():
+        log.info("%s %s: loads in %s (%s)", card.name, task, loaded.python, what)
 
 
 def accuracy_config(
