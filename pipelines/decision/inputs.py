@@ -137,9 +137,12 @@ def paired_with(
 
 
 def not_scored(card: ModelCard, precision: str) -> dict[str, str]:
-    """The card's tasks the build's evaluation left unscored (`gate.stop_scoring`), with why; a task judged by
-    its gain over a control left unscored counts as one too."""
+    """The card's tasks the build's evaluation, or the baseline's, left unscored (`gate.stop_scoring`, or a task
+    that failed in vLLM), with why; a task judged by its gain over a control left unscored counts as one too."""
     left = dict(evaluation(card, precision)[1].accuracy.not_scored)
+    if precision != card.gate.baseline:  # a task the baseline could not score has nothing to compare with
+        base = evaluation(card, card.gate.baseline)[1].accuracy.not_scored
+        left |= {t: f"the baseline's: {why}" for t, why in base.items() if t not in left}
     for task in card.accuracy.tasks:
         if task not in left and (control := card.gate.controls.get(task)) in left:
             left[task] = f"judged by its gain over {control}, which was not scored"

@@ -131,8 +131,9 @@ def accuracy_config(
         # the KV cache the build is served with: vLLM's own, or emulated on transformers as vLLM keeps it here
         kv_cache_dtype=kv,
         fp8_query=kv == "fp8" and backend == "hf" and rounds_query(here.capability),
-        # builds that may stop are scored a task at a time, and so is their baseline: the same batches
-        one_at_a_time=card.gate.stop_scoring != "never",
+        # builds that may stop are scored a task at a time, and so is their baseline: the same batches; and on
+        # vLLM, so that one task's failure (its memory) leaves the others scored
+        one_at_a_time=card.gate.stop_scoring != "never" or backend == "vllm",
     )
 
 
