@@ -11,7 +11,8 @@ MODELS    := $(patsubst pipelines/models/%.yaml,%,$(wildcard pipelines/models/*.
 # torch first and pinned. On a machine with an NVIDIA driver this pin is a CUDA build from the index; on the
 # CPU machines qeval is developed on, a CPU wheel on the machine's disk (any looser request there pulls a
 # multi-GB CUDA build: docs/toolchain.md). The stamp names the kind, so that a venv made for the other kind
-# is remade, and the install is checked: torch must see the GPU where there is one (docs/gpu.md).
+# is remade, and the install is checked: torch must see the GPU where there is one, else one line says why (a driver
+# too old for this torch's CUDA, or torch; docs/gpu.md).
 TORCH     := torch==2.13.0
 HAS_CUDA  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_KIND := $(if $(HAS_CUDA),cuda,cpu)
@@ -44,7 +45,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
 	@$(PY) -c '$(TORCH_IS)' $(TORCH_KIND) 2>/dev/null || $(PY) -m pip install --quiet --force-reinstall $(TORCH)
-	@$(PY) -c '$(TORCH_IS)' $(TORCH_KIND) || { echo "torch in $(VENV) is not a $(TORCH_KIND) build that works here; see docs/gpu.md" >&2; exit 2; }
+	@$(PY) -c '$(TORCH_IS)' $(TORCH_KIND) || $(PY) -m pipelines.core.system.nvidia "torch in $(VENV) is not a $(TORCH_KIND) build that works here; see docs/gpu.md"
 	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev]'
 	@touch $@
 

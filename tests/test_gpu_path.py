@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -732,3 +733,54 @@ def test_the_emulated_fp8_cache_rounds_the_query_only_when_asked():
     for query in (False, True):
         got, _ = ALL_ATTENTION_FUNCTIONS[fp8_kv_attention(query=query)](module, q, k, v, None, is_causal=False)
         assert torch.equal(got, sdpa(fp8(q) if query else q, fp8(k), fp8(v)))
+
+
+# ---- the driver, and a GPU's memory between two vLLMs -------------------------------------------------------
+
+
+def test_a_driver_too_old_for_torchs_cuda_is_said_as_the_driver_not_torch(gpu, monkeypatch):
+    """torch 2.13.0's CUDA build is a CUDA 13 build: with a driver older than the R580 series it sees no GPU, and
+    the fix is the driver's, not a reinstall of torch."""
+    from pipelines.core.system import nvidia
+
+    assert nvidia.driver_too_old("13.0", "580.65.06") is None and nvidia.driver_too_old("12.8", "535.104") is None
+    assert "R580 series or newer" in nvidia.driver_too_old("13.0", "550.54.15")
+    monkeypatch.setattr(device_mod, "driver_version", lambda: "550.54.15")
+    gpu({**H100, "cuda": False, "count": 0, "name": None, "capability": None, "memory": None})
+    found = device_mod.compute_device()
+    assert found.kind == "cpu" and "driver 550.54.15 is too old for torch built with CUDA 13.0" in found.why_cpu
+
+
+def _fake_nvidia_smi(folder: Path, used_mib: list[int]) -> None:
+    """An `nvidia-smi` on PATH that answers memory.used from `used_mib`, one value a call (the last one kept)."""
+    folder.mkdir(exist_ok=True)
+    (folder / "used").write_text("\n".join(map(str, used_mib)) + "\n")
+    script = folder / "nvidia-smi"
+    script.write_text(
+        f'#!/bin/sh\nf={folder}/used\nhead -n1 "$f"\n[ "$(wc -l < "$f")" -gt 1 ] && sed -i 1d "$f"\nexit 0\n'
+    )
+    script.chmod(0o755)
+
+
+@pytest.mark.integration
+def test_the_next_vllm_waits_until_the_gpus_memory_is_back(tmp_path, monkeypatch):
+    """A stopped vLLM's memory comes back some time after its processes are gone; the next one refuses to start
+    beside it. A server run on a GPU is followed by a wait until the GPU uses what it used before it (bounded,
+    one line where it is not back)."""
+    import sys
+
+    from eval import stream_stub
+    from pipelines.core.system import nvidia, procs
+
+    bin_dir = tmp_path / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    # 2 GiB in use before the server, 40 while it runs, then freed over three polls
+    _fake_nvidia_smi(bin_dir, [2048, 40960, 30720, 10240, 2100])
+    cmd = [sys.executable, "-m", stream_stub.__name__, "--port", "{port}"]
+    with procs.running(cmd, tmp_path / "stub.log", 60, "the stub endpoint", on_gpu=True):
+        pass
+    assert (bin_dir / "used").read_text().split() == ["2100"]  # every answer read: it waited for the last
+    # memory that never comes back is one error, within the bound
+    _fake_nvidia_smi(bin_dir, [40960])
+    with pytest.raises(QevalError, match=r"GPU 0 still holds 40\.0 GiB 0 s after vLLM for fp8 stopped \(2\.0 GiB"):
+        nvidia.wait_memory_back(2 * 2**30, "vLLM for fp8", timeout=0.3, poll=0.1)

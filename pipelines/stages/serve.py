@@ -302,7 +302,10 @@ def _sweep(
 
         def start(server_log: Path):
             env_all = {**offline_env(card), **env}
-            return running(cmd, server_log, card.server.start_timeout_s, what, env_all, sweep.SERVER_NICE)
+            on_gpu = compute_device().kind == "cuda"  # the next build's server starts once its memory is back
+            return running(
+                cmd, server_log, card.server.start_timeout_s, what, env_all, sweep.SERVER_NICE, on_gpu=on_gpu
+            )
 
         log.info("starting %s (log: %s)", what, out / "server.log")
         with start(out / "server.log") as base:

@@ -217,7 +217,13 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
             cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
             log.info("starting vLLM for %s (log: %s)", label, out / "server.log")
             with running(
-                cmd, out / "server.log", srv.start_timeout_s, f"vLLM for {label}", env, sweep.SERVER_NICE
+                cmd,
+                out / "server.log",
+                srv.start_timeout_s,
+                f"vLLM for {label}",
+                env,
+                sweep.SERVER_NICE,
+                on_gpu=device.kind == "cuda",  # the next build's vLLM starts once this one's memory is back
             ) as base:
                 for name, (load, objective, capped) in points.items():
                     if capped:

@@ -22,6 +22,7 @@ from pathlib import Path
 from shutil import which
 from typing import Literal
 
+from pipelines.core.system.nvidia import driver_too_old, driver_version
 from quant.execution import Device
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ def from_probe(found: dict) -> ComputeDevice:
     if found.get("cuda"):
         major, minor = found["capability"]
         return ComputeDevice("cuda", found["name"], (int(major), int(minor)), found.get("memory"), found["count"])
+    if old := driver_too_old(found.get("built_with_cuda"), driver_version()):
+        return ComputeDevice("cpu", why_cpu=old)
     build = "a CPU build" if not found.get("built_with_cuda") else f"built for CUDA {found['built_with_cuda']}"
     return ComputeDevice(
         "cpu", why_cpu=f"an NVIDIA GPU is installed, but torch {found.get('torch')} here is {build} and cannot use it"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.net import answers
+from pipelines.core.system.nvidia import memory_used, wait_memory_back
 
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 
@@ -55,15 +56,25 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log_path: Pat
 
 @contextmanager
 def running(
-    cmd: list[str], log_path: Path, timeout: float, what: str, env: dict | None = None, nice: int = 0
+    cmd: list[str],
+    log_path: Path,
+    timeout: float,
+    what: str,
+    env: dict | None = None,
+    nice: int = 0,
+    *,
+    on_gpu: bool = False,
 ) -> Iterator[str]:
     """Start a server on a free loopback port (`{port}` in cmd), wait for /health, always stop its group.
 
     Yields the server's base URL; a server that exits or stays unhealthy is one error naming its log. The
     server runs under watchdog.py, which stops its group should this process be killed (SIGKILL included),
-    and with `nice`, runs it that many steps below normal priority.
+    and with `nice`, runs it that many steps below normal priority. `on_gpu`: once stopped, the GPU's memory is
+    waited for until it is back to what it was before the server started (nvidia.py), so that the next one can
+    start beside nothing.
     """
     port = free_port()
+    before = memory_used() if on_gpu else None
     # under a watchdog that stops the server's group when this process dies, however it dies
     lower = ["--nice", str(nice)] if nice else []
     cmd = [
@@ -90,3 +101,4 @@ def running(
                     f"vLLM's EngineDeadError below is how it ends, not a failure ----\n"
                 )
         stop_process_group(proc)
+        wait_memory_back(before, what)
