@@ -130,7 +130,8 @@ def _kl_with(model: Any, plan: list[tuple[list[Group], Any]], batches: list[Any]
                 w = modules[name].weight
                 kept[name] = w.data
                 w.data = fake_quantized(w.data, args)
-        return mean_kl(base, _logits(model, batches))
+        # a sample's logits at a time: only the baseline's are held (pipelines/stages/sensitivity.py bounds them)
+        return mean_kl(base, (_logits(model, [b])[0] for b in batches))
     finally:
         for name, data in kept.items():
             modules[name].weight.data = data

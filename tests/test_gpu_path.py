@@ -784,3 +784,83 @@ def test_the_next_vllm_waits_until_the_gpus_memory_is_back(tmp_path, monkeypatch
     _fake_nvidia_smi(bin_dir, [40960])
     with pytest.raises(QevalError, match=r"GPU 0 still holds 40\.0 GiB 0 s after vLLM for fp8 stopped \(2\.0 GiB"):
         nvidia.wait_memory_back(2 * 2**30, "vLLM for fp8", timeout=0.3, poll=0.1)
+
+
+# ---- sensitivity where the GPU is -----------------------------------------------------------------------------
+
+
+def test_on_a_gpu_the_sensitivity_ranking_runs_in_a_child_there(gpu, monkeypatch, tmp_path):
+    """d3d9d90 ranked layer groups in qeval's own process on the CPU, whatever the machine had: for an 8B card tens
+    of hours. On a GPU it runs there, in a child (CUDA in qeval's own process would hold memory while it runs)."""
+    import pipelines.stages.sensitivity as sensitivity_mod
+
+    gpu(H100)
+    handed = {}
+
+    class Handed(Exception):
+        pass
+
+    def child(fn, job, out, log, env=None, **kw):
+        handed.update(fn=fn, job=job)
+        raise Handed
+
+    monkeypatch.setattr(sensitivity_mod, "run_child", child)
+    monkeypatch.setattr(sensitivity_mod, "run_stage", lambda tracker, p, cls, inputs, work, force: work(tmp_path))
+    with pytest.raises(Handed):
+        sensitivity_mod.sensitivity(load_card("ref-lm"), "gptq", tracker=None)
+    job = handed["job"]
+    assert handed["fn"] is sensitivity_mod.measure
+    assert (job.device, job.dtype, job.calibration.num_samples) == ("cuda", "bfloat16", 16)  # the search's samples
+
+
+def test_the_sensitivity_rankings_memory_is_bounded_before_it_starts():
+    """The baseline's logits for every calibration sample are held while the ranking runs: for Llama 3.1 8B's
+    vocabulary, 512 samples of 2,048 tokens are 269 GB; 16 are 8.4 GB, within a quarter of an 80 GB GPU."""
+    import json
+
+    from pipelines.stages.sensitivity import SensitivityJob, check_memory
+    from quant.calibration import CalibrationSpec
+
+    config = json.loads((REPO / "pipelines/models/configs/llama-3.1-8b.json").read_text())
+
+    def job(samples: int) -> SensitivityJob:
+        spec = CalibrationSpec("ultrachat", "train", "prompt", samples, 2048)
+        return SensitivityJob(
+            label="llama@gptq",
+            base="x",
+            precision="gptq",
+            fallback="int8",
+            calibration=spec,
+            group_size=128,
+            ignore=["lm_head"],
+            device="cuda",
+            dtype="bfloat16",
+        )
+
+    check_memory(job(16), config, 80 * 10**9)
+    with pytest.raises(QevalError, match=r"512 samples of up to 2,048 tokens take up to 269\.0 GB.*search\.samples"):
+        check_memory(job(512), config, 80 * 10**9)
+
+
+@pytest.mark.integration
+def test_the_sensitivity_ranking_runs_in_a_child_process(tmp_path):
+    """The child a GPU runs it in, here on the CPU: ref-lm's 24 layer groups ranked on two short samples."""
+    from pipelines.core.system.child import run_child
+    from pipelines.stages.sensitivity import SensitivityJob, measure
+    from quant.calibration import CalibrationSpec
+
+    spec = CalibrationSpec(str(REPO / "refmodel/data/calibration.jsonl"), "train", "text", 2, 64)
+    job = SensitivityJob(
+        label="ref-lm@gptq",
+        base=str(REPO / "refmodel/ref-lm"),
+        precision="gptq",
+        fallback="int8",
+        calibration=spec,
+        group_size=128,
+        ignore=["lm_head"],
+        device="cpu",
+        dtype="float32",
+    )
+    ranked = run_child(measure, job, tmp_path, tmp_path / "stage.log")
+    assert len(ranked.ranked) == 24 and ranked.tokens <= 2 * 64 and (tmp_path / "sensitivity.png").is_file()
+    assert ranked.ranked[0].kl >= ranked.ranked[-1].kl > 0 and len(ranked.frontier) == 25

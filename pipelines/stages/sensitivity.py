@@ -7,6 +7,11 @@ the ranking's own check (its most sensitive half quantized at once against its l
 of the most sensitive groups kept at the fallback precision, the divergence of that mix and its projected
 weight bytes. Kept in the precision's build folder (artifacts/<model>/<precision>/sensitivity/), logged to its
 MLflow run as a table and a chart.
+
+On a GPU the work runs there, in a child process (CUDA in qeval's own process would hold GPU memory for as long as
+it runs); on a CPU in this one. Its memory is bounded before it starts: the baseline's logits for every calibration
+sample are held throughout (each variant's are compared a sample at a time), at most LOGITS_SHARE of the device's
+memory (`search.samples` and `calibration.max_seq_length` set it).
 """
 
 from __future__ import annotations
@@ -14,18 +19,31 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.card.search import fallback_of
+from pipelines.core.framework.demands import available_bytes
 from pipelines.core.framework.runner import run_stage
 from pipelines.core.framework.tracker import Tracker
-from pipelines.core.framework.weights import calibration_spec, resolve_weights, weights_identity
+from pipelines.core.framework.weights import (
+    calibration_spec,
+    model_config,
+    offline_env,
+    resolve_weights,
+    weights_identity,
+)
+from pipelines.core.store.layout import STAGE_LOG
 from pipelines.core.store.manifests import StageRecord
 from pipelines.core.store.ranked import Candidate, Ranked, RankedGroup
+from pipelines.core.system.child import run_child
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
 from pipelines.present import charts, search_section
 from quant import calibration
+from quant.calibration import CalibrationSpec
 from quant.execution import compute_dtype
 from quant.precisions import get_precision, mix_name
 from quant.sensitivity import baseline_logits, frontier, halves, layer_groups, parameters, rank, weight_args
@@ -58,37 +76,90 @@ def sensitivity(
         "ignore": card.quantization.ignore,
         "calibration": {**spec.__dict__, "dataset": calib_id},
     }
-    return run_stage(
-        tracker,
-        precision,
-        Ranked,
-        inputs,
-        lambda out: _measure(card, precision, fallback, base, spec, out),
-        force=force,
+    job = SensitivityJob(
+        label=f"{card.name}@{precision}",
+        base=base,
+        precision=precision,
+        fallback=fallback,
+        calibration=spec,
+        group_size=card.quantization.group_size,
+        ignore=card.quantization.ignore,
+        trust_remote_code=card.source.trust_remote_code,
+        device=compute_device().kind,
+        dtype=compute_dtype(compute_device().device),
     )
+    check_memory(job, model_config(base), compute_device().memory_bytes or available_bytes())
+    return run_stage(tracker, precision, Ranked, inputs, lambda out: _measure_here(card, job, out), force=force)
 
 
-def _measure(card: ModelCard, precision: str, fallback: str, base: str, spec, out: Path) -> Ranked:
+class SensitivityJob(BaseModel):
+    """One ranking's work, for the process that does it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label: str = Field(description="card@precision, for progress lines")
+    base: str = Field(description="the baseline's weights (a local folder)")
+    precision: str = Field(description="the precision whose weight scheme each group is quantized to")
+    fallback: str = Field(description="what the kept groups are built at")
+    calibration: CalibrationSpec
+    group_size: int
+    ignore: list[str]
+    trust_remote_code: bool = False
+    device: Literal["cpu", "cuda"] = Field(description="where the model and its logits are held")
+    dtype: str = Field(description="the dtype it computes in (quant/execution.py, compute_dtype)")
+
+
+LOGITS_SHARE = 0.25
+"""The most of the device's memory (a GPU's, else what this machine has available) the baseline's logits may take."""
+
+
+def check_memory(job: SensitivityJob, config: dict, memory: int | None) -> None:
+    """QevalError, one line, where the baseline's logits for every calibration sample (at most its token count,
+    each a [tokens, vocabulary] row in the compute dtype) would take more than LOGITS_SHARE of `memory`."""
+    vocab = config.get("text_config", config).get("vocab_size") or 0
+    c = job.calibration
+    need = c.num_samples * c.max_seq_length * vocab * (2 if job.dtype in ("bfloat16", "float16") else 4)
+    if memory and need > LOGITS_SHARE * memory:
+        where = "the GPU's" if job.device == "cuda" else "this machine's available"
+        raise QevalError(
+            f"sensitivity {job.label}: the baseline's logits for {c.num_samples:,} samples of up to "
+            f"{c.max_seq_length:,} tokens take up to {need / 1e9:.1f} GB, more than {LOGITS_SHARE:.0%} of {where} "
+            f"{memory / 1e9:.0f} GB; lower search.samples (or calibration.max_seq_length)"
+        )
+
+
+def _measure_here(card: ModelCard, job: SensitivityJob, out: Path) -> Ranked:
+    """The ranking on this machine's device: on a GPU in a child process, on a CPU in this one."""
+    if job.device == "cuda":
+        return run_child(measure, job, out, out / STAGE_LOG, offline_env(card))
+    return measure(job, out)
+
+
+def measure(job: SensitivityJob, out: Path) -> Ranked:
+    """Rank the groups, check the ranking and predict the frontier (the module's docstring); the table and chart
+    to `out`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    remote = card.source.trust_remote_code
-    dtype = getattr(torch, compute_dtype(compute_device().device))
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, trust_remote_code=remote, use_safetensors=True)
-    tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=remote)
+    remote, precision, fallback = job.trust_remote_code, job.precision, job.fallback
+    model = AutoModelForCausalLM.from_pretrained(
+        job.base, dtype=getattr(torch, job.dtype), trust_remote_code=remote, use_safetensors=True
+    ).to(job.device)
+    tokenizer = AutoTokenizer.from_pretrained(job.base, trust_remote_code=remote)
+    spec = job.calibration
     try:
         calib = calibration.prepare(
             spec, calibration.read_texts(spec), lambda t: tokenizer.encode(t, add_special_tokens=False)
         )
     except ValueError as e:
         raise QevalError(f"sensitivity: {e}") from None
-    batches = [torch.tensor([ids]) for ids in calib.input_ids]
-    q, group_size = card.quantization, card.quantization.group_size
-    groups, args = layer_groups(model.eval(), q.ignore), weight_args(precision, group_size, q.ignore)
-    back = weight_args(fallback, group_size, q.ignore) if get_precision(fallback).recipe else None
+    batches = [torch.tensor([ids], device=job.device) for ids in calib.input_ids]
+    group_size = job.group_size
+    groups, args = layer_groups(model.eval(), job.ignore), weight_args(precision, group_size, job.ignore)
+    back = weight_args(fallback, group_size, job.ignore) if get_precision(fallback).recipe else None
 
     def said(done: int, total: int) -> None:
-        log.info("%s@%s sensitivity: %d of %d layer groups", card.name, precision, done, total)
+        log.info("%s sensitivity: %d of %d layer groups", job.label, done, total)
 
     base = baseline_logits(model, batches)  # once, for the ranking, its check and the frontier
     ranked = rank(model, groups, args, batches, said, base)
