@@ -713,6 +713,62 @@ def test_the_gpu_smoke_check_runs_its_device_part_here(tmp_path):
     assert json.loads(done.stdout.strip().splitlines()[-1]) == json.loads(json.dumps(report))
 
 
+def _gpu_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "scripts/gpu_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_smoke_check_fits_one_call_of_a_lent_machine():
+    """Its parts' budget, and the carried wheels' install before it, within the 600 s a call may run; the most
+    informative part (a real model's shape on the GPU) right after the device."""
+    bench = _gpu_bench()
+    assert bench.BUDGET_S + 60 <= 600  # the install of .whl and Python's start come first (docs/gpu.md)
+    assert bench.PARTS[:2] == ("device", "shape_eager") and set(bench.steps(Path("/unused"))) == set(bench.PARTS)
+    assert sum(bench.CAP_S.values()) > bench.BUDGET_S  # the budget, not the caps, ends a slow call
+
+
+@pytest.mark.integration
+def test_the_gpu_smoke_check_stops_a_part_at_its_bound_and_keeps_what_finished(tmp_path, monkeypatch):
+    """Its own part list, each part's work faked (the device's is real: this CPU), the bounds scaled down a
+    hundredfold: a part that runs past its bound is stopped and said so, the report is on disk after every part,
+    and a part the budget has no room for is not started."""
+    import time
+
+    bench = _gpu_bench()
+    seen: dict[str, list[str]] = {}
+
+    def fake(name: str, seconds: float):
+        def work() -> dict:
+            written = tmp_path / "out/gpu_bench.json"
+            seen[name] = list(json.loads(written.read_text())) if written.is_file() else []
+            time.sleep(seconds)
+            return {"slept": seconds}
+
+        return work
+
+    sleeps = {"shape_eager": 0.1, "shape_compiled": 5.0, "quantize": 0.1, "evaluate": 0.1, "bench": 0.1}
+    real = bench.steps
+
+    def steps(work):
+        return {"device": real(work)["device"], **{n: fake(n, s) for n, s in sleeps.items()}}
+
+    monkeypatch.setattr(bench, "steps", steps)
+    monkeypatch.setattr(bench, "CAP_S", {n: c if n == "device" else c / 100 for n, c in bench.CAP_S.items()})
+    monkeypatch.setattr(bench, "MIN_PART_S", 0.5)
+    t0 = time.monotonic()
+    report = bench.run(list(bench.PARTS), 30.0, tmp_path / "out", tmp_path)
+    assert time.monotonic() - t0 < 30.0  # within the budget, however long the parts would have run
+    assert list(report) == list(bench.PARTS) and report["device"]["ok"]
+    assert "stopped after 2 s" in report["shape_compiled"]["timed_out"]  # 180 s scaled: 1.8 s
+    assert seen["shape_compiled"] == ["device", "shape_eager"]  # the report was on disk before each part
+    assert report["quantize"]["ok"] and seen["quantize"] == ["device", "shape_eager", "shape_compiled"]
+    assert json.loads((tmp_path / "out/gpu_bench.json").read_text()) == json.loads(json.dumps(report))
+
+
 def test_the_emulated_fp8_cache_rounds_the_query_only_when_asked():
     import torch
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
