@@ -215,7 +215,7 @@ def test_on_a_gpu_vllm_scores_every_build_in_the_engines_environment(gpu, monkey
 
 def test_scoring_on_vllm_initialises_no_cuda_before_vllm_forks_its_engine(monkeypatch, tmp_path):
     """lm-eval's vllm backend starts vLLM's engine in a process forked from the evaluation's; a CUDA call in that
-    parent before it (torch.cuda.is_available() through the CUDA runtime, as d3d9d90 made) leaves the fork
+    parent before it (torch.cuda.is_available() through the CUDA runtime, as it was before issue 64) leaves the fork
     unable to use the GPU. What the parent asks of CUDA is recorded on a torch that answers as a CUDA build, up to
     the moment lm-eval is handed the model."""
     import lm_eval
@@ -677,8 +677,8 @@ def test_every_install_of_the_gpu_set_up_resolves_for_a_gpu_machine():
 
 @pytest.mark.integration
 def test_a_gpu_lock_resolved_on_a_cpu_machine_fails_the_check(tmp_path):
-    """The lock d3d9d90 shipped was resolved beside torch's CPU wheel: its triton (3.9.0) is not the one torch 2.13.0's
-    CUDA build requires (3.7.1), so pip could not install it on any GPU machine."""
+    """The lock shipped before issue 64 was resolved beside torch's CPU wheel: its triton (3.9.0) is not the one
+    torch 2.13.0's CUDA build requires (3.7.1), so pip could not install it on any GPU machine."""
     import shutil
 
     for name in ("Makefile", "pyproject.toml", "README.md", "requirements.lock", "requirements-vllm-cpu.lock"):
@@ -846,8 +846,8 @@ def test_the_next_vllm_waits_until_the_gpus_memory_is_back(tmp_path, monkeypatch
 
 
 def test_on_a_gpu_the_sensitivity_ranking_runs_in_a_child_there(gpu, monkeypatch, tmp_path):
-    """d3d9d90 ranked layer groups in qeval's own process on the CPU, whatever the machine had: for an 8B card tens
-    of hours. On a GPU it runs there, in a child (CUDA in qeval's own process would hold memory while it runs)."""
+    """Before issue 64 the ranking ran in qeval's own process on the CPU, whatever the machine had: for an 8B card
+    tens of hours. On a GPU it runs there, in a child (CUDA in qeval's own process would hold memory while it runs)."""
     import pipelines.stages.sensitivity as sensitivity_mod
 
     gpu(H100)
