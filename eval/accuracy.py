@@ -164,6 +164,8 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
             if why is not None:
                 not_scored |= dict.fromkeys(names[i + 1 :], f"scoring stopped: {why}")
                 break
+    if "results" not in out:  # every task failed: nothing stands
+        raise ValueError("no task could be scored: " + "; ".join(f"{t} {why}" for t, why in not_scored.items()))
     (out_dir / RESULTS_FILE).write_text(json.dumps(out, indent=2, default=str))
     return _result(out, backend, t0).model_copy(update={"not_scored": not_scored})
 

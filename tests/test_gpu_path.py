@@ -309,6 +309,9 @@ def test_a_task_that_fails_on_vllm_is_not_scored_and_the_others_stand(monkeypatc
     result = accuracy.evaluate_accuracy(cfg, tmp_path)
     assert result.not_scored == {"refkjv_ppl": "failed: RuntimeError: CUDA out of memory. Tried to allocate 9.8 GiB"}
     assert [m.value for m in result.scores["refkjv_next_verse"] if m.name == "acc"] == [0.5]
+    # and where every task fails, the build's evaluation fails, in one line naming each
+    with pytest.raises(ValueError, match=r"^no task could be scored: refkjv_ppl failed: RuntimeError: CUDA out of"):
+        accuracy.evaluate_accuracy(cfg.model_copy(update={"tasks": ["refkjv_ppl"]}), tmp_path)
 
 
 def test_a_task_the_baseline_could_not_score_holds_every_build(monkeypatch):
@@ -703,7 +706,8 @@ def test_on_a_gpu_machine_make_installs_the_cuda_engine_from_its_lock_with_lm_ev
 
     gpu_run, cpu_run = plan("HAS_CUDA=1", "run"), plan("HAS_CUDA=", "run")
     assert "touch .venv/.installed-cuda" in gpu_run and "touch .venv/.installed-cpu" in cpu_run
-    assert "cuda || {" in gpu_run  # torch is checked to see the GPU, else the set-up stops with the fix
+    # torch is checked to see the GPU, else the set-up stops in one line: the driver's where it is too old
+    assert "cuda || .venv/bin/python -m pipelines.core.system.nvidia" in gpu_run
     assert "-c requirements-vllm-cuda.lock torch==2.13.0 vllm==0.32.0" in gpu_run
     # with RULER's extra: the engine's Python scores every task on a GPU (wonderwords missing there once)
     assert ".venv-vllm/bin/python -m pip install --quiet -c requirements-vllm-cuda.lock 'lm-eval[ruler]'" in gpu_run
