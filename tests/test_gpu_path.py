@@ -985,3 +985,19 @@ def test_the_sensitivity_ranking_runs_in_a_child_process(tmp_path):
     ranked = run_child(measure, job, tmp_path, tmp_path / "stage.log")
     assert len(ranked.ranked) == 24 and ranked.tokens <= 2 * 64 and (tmp_path / "sensitivity.png").is_file()
     assert ranked.ranked[0].kl >= ranked.ranked[-1].kl > 0 and len(ranked.frontier) == 25
+
+
+@pytest.mark.integration
+def test_the_wheels_a_lent_gpu_needs_come_with_their_dependencies_and_without_what_it_has():
+    """The list carried before issue 64 was named by hand, with --no-deps: lm-eval's nltk and auto-round's py-cpuinfo,
+    among others, were not in it, and that machine reaches no index. uv resolves them now, for Python 3.12, against
+    the machine's own packages (the resolution only: no wheel is downloaded here)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_wheels", REPO / "scripts/gpu_wheels.py")
+    wheels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wheels)
+    names = {p.split("==")[0] for p in wheels.carried()}
+    assert {"llmcompressor", "lm-eval", "compressed-tensors", "pydantic", "datasets"} <= names
+    assert {"nltk", "py-cpuinfo", "defusedxml"} <= names  # dependencies the hand-named list missed
+    assert not names & wheels.MACHINE_HAS  # torch, transformers and the rest are the machine's own
