@@ -633,23 +633,20 @@ def test_a_task_that_makes_its_documents_gets_the_tokenizer_and_a_seed(tmp_path)
     assert {d["max_length"] for d in first.test_docs()} == {512}
 
 
-@pytest.mark.slow
-def test_every_task_of_every_shipped_card_loads_in_the_engines_python(tmp_path):
-    """On a GPU the engine's Python (.venv-vllm) scores every build: each task of each card qeval ships loads
-    there, its documents made where they are local, its code imported where its data set is the hub's (RULER's
-    needle imports wonderwords, which that environment once lacked)."""
+def _engine_tasks(folder: Path, env: dict[str, str]) -> list[tuple[list[str], str | None, object]]:
+    """Every task of every card qeval ships, loaded by the engine's Python as the evaluate stage has it do before
+    any build (eval/accuracy.py, tasks_load): the hub's tasks in one child, each local folder's in another. Beside
+    the tests (tests/lanes.py)."""
     from eval.accuracy import AccuracyConfig, tasks_load
-    from pipelines.core.card.cards import card_names
     from pipelines.core.system.child import run_child
     from pipelines.stages.engines import ENGINE_VENV
 
-    engine = str(ENGINE_VENV / "bin/python")
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    assert card_names() == ["llama-3.1-8b-instruct", "qwen2.5-0.5b-instruct", "ref-lm"]
-    cards = [load_card(name).accuracy for name in card_names()]
-    local = [acc for acc in cards if acc.include_path]
-    hub = [*dict.fromkeys(t for acc in cards if not acc.include_path for t in acc.tasks)]  # one child for them all
-    for tasks, include in [(hub, None), *((acc.tasks, str(REPO / acc.include_path)) for acc in local)]:
+    # the shipped cards' files, read by path: a test beside this thread may point QEVAL_CARDS_DIR elsewhere
+    cards = [parse_card(path).accuracy for path in sorted((REPO / "pipelines/models").glob("*.yaml"))]
+    hub = [*dict.fromkeys(t for acc in cards if not acc.include_path for t in acc.tasks)]
+    local = [(acc.tasks, str(REPO / acc.include_path)) for acc in cards if acc.include_path]
+    loaded = []
+    for tasks, include in [(hub, None), *local]:
         cfg = AccuracyConfig(
             checkpoint=str(REPO / "refmodel/ref-lm"),  # a tokenizer for the task metadata; no weights are read
             tasks=tasks,
@@ -658,37 +655,67 @@ def test_every_task_of_every_shipped_card_loads_in_the_engines_python(tmp_path):
             seed=0,
             max_seq_lengths=[4096],
         )
-        out = tmp_path / ("local" if include else "hub")
-        loaded = run_child(tasks_load, cfg, out, out.with_suffix(".log"), offline, python=engine)
-        assert loaded.python == engine and list(loaded.checked) == tasks
+        out = folder / ("local" if include else "hub")
+        offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        python = str(ENGINE_VENV / "bin/python")
+        done = run_child(tasks_load, cfg, out, out.with_suffix(".log"), offline, python=python)
+        loaded.append((tasks, include, done))
+    return loaded
+
+
+engine_tasks = lanes.side_job("engine_tasks", _engine_tasks)
+
+
+@pytest.mark.slow
+def test_every_task_of_every_shipped_card_loads_in_the_engines_python(engine_tasks):
+    """On a GPU the engine's Python (.venv-vllm) scores every build: each task of each card qeval ships loads
+    there, its documents made where they are local, its code imported where its data set is the hub's (RULER's
+    needle imports wonderwords, which that environment once lacked)."""
+    from pipelines.stages.engines import ENGINE_VENV
+
+    shipped = sorted((REPO / "pipelines/models").glob("*.yaml"))
+    assert [p.stem for p in shipped] == ["llama-3.1-8b-instruct", "qwen2.5-0.5b-instruct", "ref-lm"]
+    every = {t for path in shipped for t in parse_card(path).accuracy.tasks}
+    assert {t for tasks, _, _ in engine_tasks for t in tasks} == every and "niah_single_2" in every
+    for tasks, include, loaded in engine_tasks:
+        assert loaded.python == str(ENGINE_VENV / "bin/python") and list(loaded.checked) == tasks
         made = [what for what in loaded.checked.values() if "documents made" in what]
         assert len(made) == (len(tasks) if include else 0), loaded.checked
 
 
-@pytest.mark.integration
-def test_a_package_the_engines_python_lacks_stops_the_run_before_any_build(tmp_path):
-    """qeval's own environment has RULER's wonderwords and the engine's, which scores on a GPU, does not: the run
-    says so in one line before it quantizes anything (it once failed at the baseline's evaluation, after every
-    build was made)."""
+def _engine_lacks_a_package(folder: Path, env: dict[str, str]):
+    """`qeval run` of a card with a RULER needle scored on vLLM, whose Python cannot import wonderwords (a folder
+    on its path stands in for the package's absence) while qeval's own can. Beside the tests (tests/lanes.py)."""
     from pipelines.stages.engines import ENGINE_VENV
 
-    blocked = tmp_path / "blocked"
+    blocked = folder / "blocked"
     (blocked / "wonderwords").mkdir(parents=True)
     (blocked / "wonderwords/__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'wonderwords'\")\n")
-    engine = tmp_path / "engine-python"
+    engine = folder / "engine-python"
     engine.write_text(f'#!/bin/sh\nPYTHONPATH={blocked} exec {ENGINE_VENV / "bin/python"} "$@"\n')
     engine.chmod(0o755)
-    (tmp_path / "cards").mkdir()
+    (folder / "cards").mkdir()
     text = small_card_text().replace("name: ref-small", "name: ref-needle")
     text = text.replace("  batch_size: 32\n", "  batch_size: 32\n  engine: vllm\n")
     text = text.replace("  tasks: [refkjv_ppl,", "  tasks: [niah_single_1, refkjv_ppl,")
-    (tmp_path / "cards/ref-needle.yaml").write_text(text)
-    env = root_env(tmp_path, env_with(QEVAL_VLLM_PYTHON=str(engine)))
-    done = qeval("run", "--model", "ref-needle", env=env, timeout=600)
+    (folder / "cards/ref-needle.yaml").write_text(text)
+    env = root_env(folder, env_with(env, QEVAL_VLLM_PYTHON=str(engine)))
+    return qeval("run", "--model", "ref-needle", env=env, timeout=600), folder
+
+
+engine_lacks_a_package = lanes.side_job("engine_lacks_a_package", _engine_lacks_a_package)
+
+
+@pytest.mark.integration
+def test_a_package_the_engines_python_lacks_stops_the_run_before_any_build(engine_lacks_a_package):
+    """qeval's own environment has RULER's wonderwords and the engine's, which scores on a GPU, does not: the run
+    says so in one line before it quantizes anything (it once failed at the baseline's evaluation, after every
+    build was made)."""
+    done, folder = engine_lacks_a_package
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "cannot load its tasks" in last and "niah_single_1" in last and "wonderwords" in last, last
-    assert not list(tmp_path.glob("artifacts/ref-needle/*/quantize/manifest.json"))  # nothing was built
+    assert not list(folder.glob("artifacts/ref-needle/*/quantize/manifest.json"))  # nothing was built
 
 
 # ---- the set-up and the smoke check a lent GPU runs ---------------------------------------------------------
@@ -720,43 +747,56 @@ def test_on_a_gpu_machine_make_installs_the_cuda_engine_from_its_lock_with_lm_ev
     assert ".venv/bin/python -m pip install --quiet -c requirements.lock -e '.[dev,ray,postgres]'" in cpu_test
 
 
-def _gpu_lock(repo: Path):
+def _gpu_locks(folder: Path, env: dict[str, str]) -> dict[str, object]:
+    """`scripts/gpu_lock.py --check` on this checkout; on a copy whose CUDA lock pins the triton of the lock shipped
+    before issue 64; on one that leaves wonderwords to pip. Beside the tests (tests/lanes.py): uv's resolutions
+    are the index's metadata, and one core's work."""
+    import shutil
     import subprocess
     import sys
 
-    script = REPO / "scripts/gpu_lock.py"
-    return subprocess.run(
-        [sys.executable, str(script), "--check", "--repo", str(repo)], capture_output=True, text=True, timeout=900
-    )
+    def check(repo: Path) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, str(REPO / "scripts/gpu_lock.py"), "--check", "--repo", str(repo)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+    lock = (REPO / "requirements-vllm-cuda.lock").read_text()
+    variants = {
+        "cpu-triton": lock.replace("\ntriton==3.7.1\n", "\ntriton==3.9.0\n"),
+        "loose": lock.replace("\nwonderwords==3.0.1\n", "\n"),
+    }
+    out: dict[str, object] = {"here": check(REPO), "lock": lock}
+    for name, text in variants.items():
+        (folder / name).mkdir()
+        for f in ("Makefile", "pyproject.toml", "README.md", "requirements.lock", "requirements-vllm-cpu.lock"):
+            shutil.copy(REPO / f, folder / name / f)
+        (folder / name / "requirements-vllm-cuda.lock").write_text(text)
+        out[name] = check(folder / name)
+    return out
+
+
+gpu_locks = lanes.side_job("gpu_locks", _gpu_locks)
 
 
 @pytest.mark.integration
-def test_every_install_of_the_gpu_set_up_resolves_for_a_gpu_machine():
+def test_every_install_of_the_gpu_set_up_resolves_for_a_gpu_machine(gpu_locks):
     """uv resolves each `pip install` that `make` runs where there is an NVIDIA driver, against its lock, for Linux
     x86-64 and Python 3.11 and 3.12, from the index's metadata: torch's CUDA build brings triton and the CUDA
     libraries, which this machine's CPU wheel never pulls, so only a resolver asked for that platform can tell."""
-    done = _gpu_lock(REPO)
+    done = gpu_locks["here"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resolves for Python 3.11 and 3.12" in done.stdout
 
 
 @pytest.mark.integration
-def test_a_gpu_lock_resolved_on_a_cpu_machine_fails_the_check(tmp_path):
+def test_a_gpu_lock_resolved_on_a_cpu_machine_fails_the_check(gpu_locks):
     """The lock shipped before issue 64 was resolved beside torch's CPU wheel: its triton (3.9.0) is not the one
     torch 2.13.0's CUDA build requires (3.7.1), so pip could not install it on any GPU machine."""
-    import shutil
-
-    for name in ("Makefile", "pyproject.toml", "README.md", "requirements.lock", "requirements-vllm-cpu.lock"):
-        shutil.copy(REPO / name, tmp_path / name)
-    lock = (REPO / "requirements-vllm-cuda.lock").read_text()
-    assert "\ntriton==3.7.1\n" in lock
-    (tmp_path / "requirements-vllm-cuda.lock").write_text(lock.replace("\ntriton==3.7.1\n", "\ntriton==3.9.0\n"))
-    done = _gpu_lock(tmp_path)
+    assert "\ntriton==3.7.1\n" in gpu_locks["lock"] and "\nwonderwords==3.0.1\n" in gpu_locks["lock"]
+    done = gpu_locks["cpu-triton"]
     assert done.returncode == 2
     assert "torch==2.13.0 vllm==0.32.0 lm-eval[ruler] does not resolve" in done.stderr and "triton" in done.stderr
     # and a lock that leaves a package of the engine to pip's choice on the day is refused too
-    (tmp_path / "requirements-vllm-cuda.lock").write_text(lock.replace("\nwonderwords==3.0.1\n", "\n"))
-    done = _gpu_lock(tmp_path)
+    done = gpu_locks["loose"]
     assert done.returncode == 2 and "pins no version of wonderwords" in done.stderr
 
 
@@ -934,29 +974,36 @@ def test_on_a_gpu_the_sensitivity_ranking_runs_in_a_child_there(gpu, monkeypatch
     assert (job.device, job.dtype, job.calibration.num_samples) == ("cuda", "bfloat16", 16)  # the search's samples
 
 
+def _sensitivity_job(spec, device: str, dtype: str):
+    """ref-lm's GPTQ ranking, with INT8 kept, on `spec`'s samples."""
+    from pipelines.stages.sensitivity import SensitivityJob
+
+    base = str(REPO / "refmodel/ref-lm")
+    return SensitivityJob(
+        label="ref-lm@gptq",
+        base=base,
+        precision="gptq",
+        fallback="int8",
+        calibration=spec,
+        group_size=128,
+        ignore=["lm_head"],
+        device=device,
+        dtype=dtype,
+    )
+
+
 def test_the_sensitivity_rankings_memory_is_bounded_before_it_starts():
     """The baseline's logits for every calibration sample are held while the ranking runs: for Llama 3.1 8B's
     vocabulary, 512 samples of 2,048 tokens are 269 GB; 16 are 8.4 GB, within a quarter of an 80 GB GPU."""
     import json
 
-    from pipelines.stages.sensitivity import SensitivityJob, check_memory
+    from pipelines.stages.sensitivity import check_memory
     from quant.calibration import CalibrationSpec
 
     config = json.loads((REPO / "pipelines/models/configs/llama-3.1-8b.json").read_text())
 
-    def job(samples: int) -> SensitivityJob:
-        spec = CalibrationSpec("ultrachat", "train", "prompt", samples, 2048)
-        return SensitivityJob(
-            label="llama@gptq",
-            base="x",
-            precision="gptq",
-            fallback="int8",
-            calibration=spec,
-            group_size=128,
-            ignore=["lm_head"],
-            device="cuda",
-            dtype="bfloat16",
-        )
+    def job(samples: int):
+        return _sensitivity_job(CalibrationSpec("ultrachat", "train", "prompt", samples, 2048), "cuda", "bfloat16")
 
     check_memory(job(16), config, 80 * 10**9)
     with pytest.raises(QevalError, match=r"512 samples of up to 2,048 tokens take up to 269\.0 GB.*search\.samples"):
@@ -967,21 +1014,11 @@ def test_the_sensitivity_rankings_memory_is_bounded_before_it_starts():
 def test_the_sensitivity_ranking_runs_in_a_child_process(tmp_path):
     """The child a GPU runs it in, here on the CPU: ref-lm's 24 layer groups ranked on two short samples."""
     from pipelines.core.system.child import run_child
-    from pipelines.stages.sensitivity import SensitivityJob, measure
+    from pipelines.stages.sensitivity import measure
     from quant.calibration import CalibrationSpec
 
     spec = CalibrationSpec(str(REPO / "refmodel/data/calibration.jsonl"), "train", "text", 2, 64)
-    job = SensitivityJob(
-        label="ref-lm@gptq",
-        base=str(REPO / "refmodel/ref-lm"),
-        precision="gptq",
-        fallback="int8",
-        calibration=spec,
-        group_size=128,
-        ignore=["lm_head"],
-        device="cpu",
-        dtype="float32",
-    )
+    job = _sensitivity_job(spec, "cpu", "float32")
     ranked = run_child(measure, job, tmp_path, tmp_path / "stage.log")
     assert len(ranked.ranked) == 24 and ranked.tokens <= 2 * 64 and (tmp_path / "sensitivity.png").is_file()
     assert ranked.ranked[0].kl >= ranked.ranked[-1].kl > 0 and len(ranked.frontier) == 25
