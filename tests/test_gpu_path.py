@@ -1010,17 +1010,25 @@ def test_the_sensitivity_rankings_memory_is_bounded_before_it_starts():
         check_memory(job(512), config, 80 * 10**9)
 
 
-@pytest.mark.integration
-def test_the_sensitivity_ranking_runs_in_a_child_process(tmp_path):
-    """The child a GPU runs it in, here on the CPU: ref-lm's 24 layer groups ranked on two short samples."""
+def _ranked_in_a_child(folder: Path, env: dict[str, str]):
+    """ref-lm's GPTQ ranking in the child process a GPU runs it in, here on the CPU, on two short samples. Beside
+    the tests (tests/lanes.py)."""
     from pipelines.core.system.child import run_child
     from pipelines.stages.sensitivity import measure
     from quant.calibration import CalibrationSpec
 
     spec = CalibrationSpec(str(REPO / "refmodel/data/calibration.jsonl"), "train", "text", 2, 64)
-    job = _sensitivity_job(spec, "cpu", "float32")
-    ranked = run_child(measure, job, tmp_path, tmp_path / "stage.log")
-    assert len(ranked.ranked) == 24 and ranked.tokens <= 2 * 64 and (tmp_path / "sensitivity.png").is_file()
+    return run_child(measure, _sensitivity_job(spec, "cpu", "float32"), folder, folder / "stage.log"), folder
+
+
+ranked_in_a_child = lanes.side_job("ranked_in_a_child", _ranked_in_a_child)
+
+
+@pytest.mark.integration
+def test_the_sensitivity_ranking_runs_in_a_child_process(ranked_in_a_child):
+    """The child a GPU runs it in, here on the CPU: ref-lm's 24 layer groups ranked on two short samples."""
+    ranked, folder = ranked_in_a_child
+    assert len(ranked.ranked) == 24 and ranked.tokens <= 2 * 64 and (folder / "sensitivity.png").is_file()
     assert ranked.ranked[0].kl >= ranked.ranked[-1].kl > 0 and len(ranked.frontier) == 25
 
 
