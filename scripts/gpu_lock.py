@@ -73,7 +73,8 @@ def _commands(script: str) -> list[list[str]]:
         words: list[str] = []
         for token in [*lexer, ";"]:
             if token in ("||", "&&", ";", "|", "&"):
-                commands.append(words) if words else None
+                if words:
+                    commands.append(words)
                 words = []
             else:
                 words.append(token)
@@ -144,7 +145,7 @@ def check(repo: Path = REPO) -> list[str]:
 def write(repo: Path = REPO) -> Path:
     """requirements-vllm-cuda.lock resolved anew for each Python in PYTHONS, the requested packages held at the
     versions the lock had (vLLM's, torch's and lm-eval's own pins move only by hand)."""
-    wants = [w for _, (w, c) in planned_installs(repo).items() if ENGINE_LOCK in c for w in w]
+    wants = [want for reqs, locks in planned_installs(repo).values() if ENGINE_LOCK in locks for want in reqs]
     lock = repo / ENGINE_LOCK
     old = _pins(lock.read_text(), PYTHONS[-1]) if lock.is_file() else {}
     held = [f"{n}=={old[n]}" for n in (canonicalize_name(Requirement(w).name) for w in wants) if n in old]
