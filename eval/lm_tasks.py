@@ -50,9 +50,7 @@ def load_tasks(cfg: TaskSettings) -> tuple[dict[str, list], Any]:
     shots = cfg.num_fewshot if isinstance(cfg.num_fewshot, dict) else {}
     tasks: dict[str, list] = {}
     for name in cfg.tasks:
-        if name not in manager.all_tasks:
-            hint = suggest(name, manager.all_tasks, n=3)
-            raise ValueError(f"unknown lm-eval task '{name}'{hint}; list them with `lm-eval ls tasks`")
+        _known(manager, name)
         try:
             loaded = manager.load([name])
         except Exception as e:
@@ -63,6 +61,13 @@ def load_tasks(cfg: TaskSettings) -> tuple[dict[str, list], Any]:
             for task in loaded["tasks"].values():
                 task.set_config(key="num_fewshot", value=shots[name])
     return tasks, manager
+
+
+def _known(manager, name: str) -> None:
+    """ValueError, with the closest names, where `manager` knows no task, group or tag `name`."""
+    if name not in manager.all_tasks:
+        hint = suggest(name, manager.all_tasks, n=3)
+        raise ValueError(f"unknown lm-eval task '{name}'{hint}; list them with `lm-eval ls tasks`")
 
 
 def _local_manager(cfg: TaskSettings):
@@ -133,9 +138,7 @@ def check(cfg: TaskSettings) -> dict[str, str]:
     if rest:
         manager = _task_manager(cfg.model_copy(update={"tasks": rest}))
         for name in rest:
-            if name not in manager.all_tasks:
-                hint = suggest(name, manager.all_tasks, n=3)
-                raise ValueError(f"unknown lm-eval task '{name}'{hint}; list them with `lm-eval ls tasks`")
+            _known(manager, name)
             try:
                 n = _import_task_code(manager.task_index, name, set())
             except Exception as e:

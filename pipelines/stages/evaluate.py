@@ -30,7 +30,7 @@ from pipelines.core.system.child import ChildFailed, run_child
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.files import file_digest
-from pipelines.core.system.nvidia import memory_used, wait_memory_back
+from pipelines.core.system.nvidia import memory_back_after
 from pipelines.core.system.paths import REPO_ROOT, resolve_repo_path
 from pipelines.stages.engines import Vllm, find_vllm, gpu_memory_plan
 from quant.execution import compute_dtype
@@ -202,10 +202,10 @@ def _evaluate(
     env = offline_env(card)
     if vllm is not None and compute_device().kind == "cpu":  # vLLM's CPU build sizes its cache from this
         env = {**env, "VLLM_CPU_KVCACHE_SPACE": f"{card.server.cpu_kv_cache_gb:g}"}
-    on_gpu = vllm is not None and compute_device().kind == "cuda"
-    before = memory_used() if on_gpu else None
-    result = run_child(accuracy.evaluate_accuracy, cfg, out, out / STAGE_LOG, env, python=vllm.python if vllm else None)
-    wait_memory_back(before, f"vLLM's scoring of {card.name}@{precision}")  # the next build's vLLM starts after
+    on_gpu = vllm is not None and compute_device().kind == "cuda"  # the next build's vLLM starts once it is back
+    with memory_back_after(f"vLLM's scoring of {card.name}@{precision}", on_gpu):
+        python = vllm.python if vllm else None
+        result = run_child(accuracy.evaluate_accuracy, cfg, out, out / STAGE_LOG, env, python=python)
     for task, why in result.not_scored.items():
         log.warning("%s@%s %s: not scored (%s)", card.name, precision, task, why)
     for task in cfg.tasks:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from shutil import which
 
 from pipelines.core.system.errors import QevalError
@@ -83,6 +85,15 @@ def wait_memory_back(before: int | None, what: str, timeout: float = BACK_TIMEOU
                 f"GiB before it started): another vLLM would not start beside it; see nvidia-smi for what holds it"
             )
         time.sleep(poll)
+
+
+@contextmanager
+def memory_back_after(what: str, on_gpu: bool = True) -> Iterator[None]:
+    """Around a vLLM's life on GPU 0 (`on_gpu`): once it ended well, wait until the memory it took is back
+    (wait_memory_back). Not after a failure, whose error is the one to see."""
+    before = memory_used() if on_gpu else None
+    yield
+    wait_memory_back(before, what)
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.net import answers
-from pipelines.core.system.nvidia import memory_used, wait_memory_back
+from pipelines.core.system.nvidia import memory_back_after
 
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 
@@ -69,12 +69,17 @@ def running(
 
     Yields the server's base URL; a server that exits or stays unhealthy is one error naming its log. The
     server runs under watchdog.py, which stops its group should this process be killed (SIGKILL included),
-    and with `nice`, runs it that many steps below normal priority. `on_gpu`: once stopped, the GPU's memory is
-    waited for until it is back to what it was before the server started (nvidia.py), so that the next one can
-    start beside nothing.
+    and with `nice`, runs it that many steps below normal priority. `on_gpu`: once stopped after a run that ended well,
+    the GPU's memory is waited for until it is back to what it was before the server started (nvidia.py), so that
+    the next one can start beside nothing.
     """
+    with memory_back_after(what, on_gpu), _serving(cmd, log_path, timeout, what, env, nice) as url:
+        yield url
+
+
+@contextmanager
+def _serving(cmd: list[str], log_path: Path, timeout: float, what: str, env: dict | None, nice: int) -> Iterator[str]:
     port = free_port()
-    before = memory_used() if on_gpu else None
     # under a watchdog that stops the server's group when this process dies, however it dies
     lower = ["--nice", str(nice)] if nice else []
     cmd = [
@@ -101,4 +106,3 @@ def running(
                     f"vLLM's EngineDeadError below is how it ends, not a failure ----\n"
                 )
         stop_process_group(proc)
-        wait_memory_back(before, what)
