@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eval.records import AccuracyResult, Metric, answers, document_metrics, documents, generated
+from eval.sequential import scoring_order
 from eval.stats import Comparison, Flips, LengthBand, Rule, compare, flip_rate, is_likelihood, length_band
 
 PREFERRED_METRICS = ("bits_per_byte", "acc_norm", "acc", "exact_match")
@@ -44,11 +45,21 @@ class Threshold:
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """How the paired intervals are drawn."""
+    """How the paired intervals are drawn: a confidence sequence per build and task (eval/sequential.py), read
+    every `every` documents in the seeded scoring order, its chance of a wrong PASS the card's 1 - confidence
+    split over the `builds` judged; `sequential` False: the paired bootstrap, read once. The bootstrap draws the
+    intervals shown beside (the difference)."""
 
     confidence: float
     resamples: int
     seed: int
+    builds: int = 1
+    every: int = 100
+    sequential: bool = True
+
+    def sequence(self, pool: int) -> tuple[float, int, int] | None:
+        """(alpha, every, pool) for eval/stats.py, or None for the bootstrap."""
+        return ((1 - self.confidence) / self.builds, self.every, pool) if self.sequential else None
 
 
 def gating_metric(task: str, available: list[Metric], chosen: str | None = None) -> Metric:
@@ -95,11 +106,12 @@ def paired(
     if control is not None:
         name = f"{'log-likelihood' if is_likelihood(list(base_docs.values())) else m.name} gain over {control}"
         base_docs, build_docs, higher = _gains(base, control, m, base_docs), _gains(build, control, m, build_docs), True
+    pool = len(base_docs)
     if subset and build_docs.keys() <= base_docs.keys():
         base_docs = {d: base_docs[d] for d in build_docs}
     if base_docs.keys() != build_docs.keys() or not base_docs:
         raise KeyError(task)
-    docs = sorted(base_docs, key=str)
+    docs = scoring_order(list(base_docs), bootstrap.seed)
     base_v, build_v = [base_docs[d] for d in docs], [build_docs[d] for d in docs]
     rule, bound = threshold.rule(is_likelihood(base_v))
     return compare(
@@ -112,6 +124,7 @@ def paired(
         confidence=bootstrap.confidence,
         iters=bootstrap.resamples,
         seed=bootstrap.seed,
+        sequence=bootstrap.sequence(pool),
     )
 
 
@@ -195,7 +208,9 @@ class Generation:
     departures: Departures
 
 
-def _outputs(task: str, base: Scored, build: Scored, subset: bool) -> list[tuple[list[int], list[int]]] | None:
+def _outputs(
+    task: str, base: Scored, build: Scored, subset: bool, seed: int = 0
+) -> list[tuple[list[int], list[int]]] | None:
     """(baseline's, build's) generated token ids per document, in one order; None where the task does not
     generate. KeyError where the two were not scored on the same documents."""
     base_ids, build_ids = generated(base.folder, base.result, task), generated(build.folder, build.result, task)
@@ -205,7 +220,7 @@ def _outputs(task: str, base: Scored, build: Scored, subset: bool) -> list[tuple
         base_ids = {d: base_ids[d] for d in build_ids}
     if base_ids.keys() != build_ids.keys():
         raise KeyError(task)
-    return [(base_ids[d], build_ids[d]) for d in sorted(base_ids, key=str)]
+    return [(base_ids[d], build_ids[d]) for d in scoring_order(list(base_ids), seed)]
 
 
 def agreement(task: str, base: Scored, build: Scored, *, subset: bool = False) -> Departures | None:
@@ -220,7 +235,7 @@ def generation(
 ) -> Generation | None:
     """Output lengths (generated tokens) and departures of a generative task on the same documents; None
     where the task does not generate. KeyError where the two were not scored on the same documents."""
-    pairs = _outputs(task, base, build, subset)
+    pairs = _outputs(task, base, build, subset, bootstrap.seed)
     if pairs is None:
         return None
     lengths = length_band(
@@ -230,5 +245,6 @@ def generation(
         confidence=bootstrap.confidence,
         iters=bootstrap.resamples,
         seed=bootstrap.seed,
+        sequence=bootstrap.sequence(len(pairs)),
     )
     return Generation(lengths, Departures([departure(a, b) for a, b in pairs]))

@@ -22,6 +22,8 @@ from typing import Literal
 
 import numpy as np
 
+from eval import sequential
+
 
 class Verdict(StrEnum):
     """What a rule, a task comparison or a whole build comes to."""
@@ -96,6 +98,10 @@ class Comparison:
     n_to_decide: int | None  # documents at which the verdict would just be reached (samples_to_decide)
     mcnemar_p: float | None  # 0/1 outcomes only
     discordant: tuple[int, int] | None  # (baseline right only, build right only)
+    method: str = "bootstrap"  # what drew the judging interval: bootstrap, or a confidence sequence (betting, mixture)
+    alpha: float | None = None  # a confidence sequence's chance of a wrong PASS, this build's share of the card's
+    pool: int | None = None  # the documents the task has (a sequence is tuned to it)
+    resolution: float | None = None  # how far from the threshold the pool decides with 90 % power, at this spread
 
     @property
     def statistic(self) -> tuple[float, float, float]:
@@ -140,8 +146,13 @@ def compare(
     confidence: float = 0.95,
     iters: int = 2000,
     seed: int = 0,
+    sequence: tuple[float, int, int] | None = None,
 ) -> Comparison:
     """Paired comparison of per-document values, in the same document order for build and baseline.
+
+    `sequence` (alpha, documents between looks, documents in the pool): the verdict and the judging interval from
+    a confidence sequence read at every look (eval/sequential.py), the values in scoring order; else from the
+    paired bootstrap at `confidence`, read once.
 
     rule "recovery": PASS when recovery >= threshold over the whole interval (recovery is
     build / baseline, or baseline / build for lower-is-better metrics).
@@ -177,6 +188,23 @@ def compare(
         point, lo, hi = increase  # type: ignore[misc]
         passed, failed = hi <= threshold, lo > threshold
     verdict = Verdict.PASS if passed else Verdict.FAIL if failed else Verdict.INCONCLUSIVE
+    need = samples_to_decide(n, point, lo, hi, threshold)
+    extra: dict = {}
+    if sequence is not None:
+        alpha, every, pool = sequence
+        form, x, y, bounded = _form(metric, rule, higher_is_better, likelihood, a_num, b_num)
+        side, _, (lo, hi), need = sequential.judge(
+            form, x, y, a_den, threshold, point, alpha=alpha, every=every, pool=pool, bounded=bounded
+        )
+        verdict = Verdict.PASS if side > 0 else Verdict.FAIL if side < 0 else Verdict.INCONCLUSIVE
+        if rule == "recovery":
+            recovery = (point, lo, hi)
+        else:
+            increase = (point, lo, hi)
+        d = sequential.terms(form, x, y, a_den)(threshold)
+        scale = float(np.mean(y)) if form == "ratio" else float(np.mean(a_den))
+        method = "betting" if bounded else "mixture"
+        extra = dict(method=method, alpha=alpha, pool=pool, resolution=_resolution(d, scale, alpha, pool))
 
     binary = not likelihood and all(v in (0.0, 1.0) for v in np.concatenate([a_num, b_num]))
     discordant = (int(np.sum((a_num == 1) & (b_num == 0))), int(np.sum((a_num == 0) & (b_num == 1))))
@@ -191,10 +219,28 @@ def compare(
         difference=_interval(float(build - base), diff_r, confidence),
         recovery=recovery,
         ppl_increase=increase,
-        n_to_decide=samples_to_decide(n, point, lo, hi, threshold),
+        n_to_decide=need,
         mcnemar_p=mcnemar_exact(*discordant) if binary else None,
         discordant=discordant if binary else None,
+        **extra,
     )
+
+
+def _form(metric: str, rule: Rule, higher: bool, likelihood: bool, a: np.ndarray, b: np.ndarray):
+    """(form, x, y, bounded) of a statistic for eval/sequential.py: recovery as a ratio of the better-is-larger
+    sums (a perplexity's as "exp"), the perplexity rule as "increase"; scores all in [0, 1] are bounded."""
+    if rule == "ppl_increase":
+        return "increase", b, a, False
+    if likelihood:
+        if metric in _PERPLEXITY:
+            return "exp", b, a, False
+        return ("ratio", -a, -b, False) if metric == "bits_per_byte" or not higher else ("ratio", b, a, False)
+    bounded = bool(np.all((a >= 0) & (a <= 1) & (b >= 0) & (b <= 1)))
+    return ("ratio", b, a, bounded) if higher else ("ratio", a, b, bounded)
+
+
+def _resolution(d: np.ndarray, scale: float, alpha: float, pool: int) -> float | None:
+    return sequential.resolution(float(d.std(ddof=1)), scale, alpha, pool) if len(d) > 1 else None
 
 
 def samples_to_decide(n: int, point: float, lower: float, upper: float, threshold: float) -> int | None:
@@ -232,10 +278,11 @@ def length_band(
     confidence: float = 0.95,
     iters: int = 2000,
     seed: int = 0,
+    sequence: tuple[float, int, int] | None = None,
 ) -> LengthBand:
     """Paired interval on (total build length / total baseline length), judged against [1 - band, 1 + band]:
     MLPerf's rule for its LLM benchmarks (outputs within 10 % of the reference's length), with the interval
-    every other rule of the gate uses."""
+    every other rule of the gate uses (`sequence`, as compare()'s: its confidence sequence, each edge a rule)."""
     if len(base_lengths) != len(build_lengths) or len(base_lengths) == 0:
         raise ValueError("paired lengths must be non-empty and of equal length")
     a, b = np.asarray(base_lengths, dtype=float), np.asarray(build_lengths, dtype=float)
@@ -245,6 +292,12 @@ def length_band(
     verdict = (
         Verdict.PASS if low <= lo and hi <= high else Verdict.FAIL if hi < low or lo > high else Verdict.INCONCLUSIVE
     )
+    if sequence is not None:  # at least 1 - band (b over a), and at most 1 + band (a over b at least its inverse)
+        alpha, every, pool = sequence
+        w, how = np.ones_like(a), dict(alpha=alpha, every=every, pool=pool, bounded=False)
+        short, _, (lo, hi), _ = sequential.judge("ratio", b, a, w, low, est, **how)
+        long, *_ = sequential.judge("ratio", a, b, w, 1 / high, 1 / est if est else 0.0, **how)
+        verdict = Verdict.FAIL if -1 in (short, long) else Verdict.PASS if short == long == 1 else Verdict.INCONCLUSIVE
     return LengthBand(
         band=band, verdict=verdict, n=len(a), baseline=float(a.mean()), build=float(b.mean()), ratio=(est, lo, hi)
     )

@@ -93,7 +93,7 @@ def test_the_report_says_how_many_documents_each_verdict_needs():
     )
     lines = documents_section(Decision.model_construct(builds=[build]))
     rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| x |")}
-    assert rows["word"].startswith(f"| x | word | FAIL | 400 | {tasks['word'].n_to_decide:,} | decided; ")
+    assert rows["word"].startswith(f"| x | word | FAIL | 400 | {tasks['word'].n_to_decide:,} | ")
     need = tasks["verse"].n_to_decide
     kind = "near miss" if need <= 4 * 400 else "out of reach"
     assert rows["verse"].endswith(f"| {kind}: {need / 400:.1f}x the documents |")
@@ -186,7 +186,7 @@ def test_length_rule_fails_a_build_whose_outputs_ramble(tmp_path):
     rule = length_rule(Gate(), "gen", g.length)
     assert rule.verdict == FAIL and rule.name == "gen length"
     assert "output length 1.400x the baseline's [1.400, 1.400] (14 vs 10 tokens per document)" in rule.reason
-    assert g.departures.positions == [3] + [10] * 39 and g.departures.identical == 0
+    assert sorted(g.departures.positions) == [3] + [10] * 39 and g.departures.identical == 0
     assert length_rule(Gate(max_length_change=None), "gen", g.length).verdict == NOT_GATED
     assert generation("gen", sides["base"], sides["base"], band=0.1, bootstrap=Gate().bootstrap).length.verdict == PASS
     (tmp_path / "base" / "samples_ll.jsonl").write_text(json.dumps({"doc_id": 0, "acc": 1.0}) + "\n")
@@ -230,7 +230,7 @@ def test_a_task_with_a_control_is_judged_by_its_gain_over_it(tmp_path):
         bootstrap=Gate().bootstrap,
         control="ctl",
     )
-    assert same.recovery == (1.0, 1.0, 1.0) and same.verdict == PASS
+    assert same.recovery[0] == 1.0 and 0.99 <= same.recovery[1] < 1 < same.recovery[2] and same.verdict == PASS
     (tmp_path / "base" / "samples_ctl.jsonl").write_text(json.dumps({"doc_id": 0, "bits_per_byte": [1.0, 1]}) + "\n")
     with pytest.raises(KeyError):  # the control is not the same items
         paired(
@@ -480,11 +480,13 @@ def test_scoring_stops_at_the_first_task_a_build_cannot_ship_with(tmp_path):
     tasks = ("same", "unsure", "lost")
     scores = {t: [Metric(name="acc", value=1.0)] for t in tasks}
     result = accuracy_result(scores)
-    build_acc = {"same": [1.0] * 20, "unsure": [1.0] * 19 + [0.0], "lost": [0.0] * 20}
+    # 600 documents: a confidence sequence passes a build that matches every one only after hundreds (with none
+    # flipped in 600, a loss of 1 % of 600 right answers is still unlikely enough only then)
+    build_acc = {"same": [1.0] * 600, "unsure": [1.0] * 594 + [0.0] * 6, "lost": [0.0] * 600}
     for side in ("base", "build"):
         (tmp_path / side).mkdir()
         for task in tasks:
-            values = [1.0] * 20 if side == "base" else build_acc[task]
+            values = [1.0] * 600 if side == "base" else build_acc[task]
             rows = "".join(json.dumps({"doc_id": d, "acc": v}) + "\n" for d, v in enumerate(values))
             (tmp_path / side / f"samples_{task}.jsonl").write_text(rows)
     rules = {t: TaskRule(threshold=Gate().threshold(t)) for t in tasks}
@@ -500,9 +502,9 @@ def test_scoring_stops_at_the_first_task_a_build_cannot_ship_with(tmp_path):
     assert stop("fail", ("same",)) == (None, {"same"})
     assert stop("fail", ("same", "unsure")) == (None, {"same", "unsure"})
     why, _ = stop("inconclusive", ("same", "unsure"))
-    assert why.startswith("unsure INCONCLUSIVE (acc 0.95 [")
+    assert why.startswith("unsure INCONCLUSIVE (acc 0.99 [")
     why, judged = stop("fail", tasks)
-    assert why.startswith("lost FAIL (acc 0 [0, 0] vs 0.99)") and judged == set(tasks)
+    assert why.startswith("lost FAIL (acc 0 [0, 0.00") and judged == set(tasks)
     waits = {**rules, "lost": TaskRule(threshold=Gate().threshold("lost"), control="same")}
     assert stop("fail", ("lost",), waits) == (None, set())  # its control is not scored yet
 

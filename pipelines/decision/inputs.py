@@ -14,6 +14,7 @@ from eval.serving import LevelMetrics
 from eval.sizing import Fit
 from eval.stats import Comparison, Flips
 from pipelines.core.card.cards import ModelCard
+from pipelines.core.card.search import judging
 from pipelines.core.framework.registry import require
 from pipelines.core.store.layout import stage_dir
 from pipelines.core.store.manifests import result_of
@@ -122,7 +123,7 @@ def paired_with(
                 other[0],
                 build,
                 threshold=gate.threshold(task),
-                bootstrap=gate.bootstrap,
+                bootstrap=judging(card),
                 metric=gate.task_metric.get(task),
                 control=gate.controls.get(task),
             )
@@ -159,7 +160,7 @@ def scored_tasks(card: ModelCard, *sides: Evaluated) -> list[str]:
 def generations(card: ModelCard, precision: str) -> dict[str, Generation]:
     """Every generative task of the card, the build against the baseline: output length and departures."""
     band = card.gate.max_length_change or 0.10  # shown at MLPerf's band where the policy does not gate it
-    return _each_task(card, precision, lambda t, a, b: generation(t, a, b, band=band, bootstrap=card.gate.bootstrap))
+    return _each_task(card, precision, lambda t, a, b: generation(t, a, b, band=band, bootstrap=judging(card)))
 
 
 def answer_flips(card: ModelCard, precision: str) -> dict[str, Flips]:

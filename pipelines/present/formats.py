@@ -122,3 +122,18 @@ def crossing(ups: dict[int, float], baseline: str, spans: dict[int, tuple[float,
     noisy = [c for c in sorted(ups) if within_noise((spans or {}).get(c))]
     users = "user" if noisy == [1] else "users"
     return said + (f" (within the noise at {', '.join(map(str, noisy))} {users})" if noisy else "")
+
+
+def guarantee(decision: Decision) -> str:
+    """What the quality verdicts guarantee, in one sentence: the report's and the ship card's."""
+    g = decision.policy
+    if g.verdicts != "sequential":
+        return f"Each task is judged by a {g.confidence:.0%} paired bootstrap interval, valid read once."
+    alphas = [c.alpha for b in decision.builds for c in b.tasks.values() if c.alpha]
+    each = min(alphas, default=1 - g.confidence)
+    builds = max(1, round((1 - g.confidence) / each))
+    return (
+        f"Each task is judged by a confidence sequence, valid at every look (every {g.look_every} documents, in one "
+        f"seeded order): the chance that a build that ships is worse than its threshold on any gated task is at most "
+        f"{1 - g.confidence:.0%}, split over the {builds} builds judged ({each:.2%} each)."
+    )

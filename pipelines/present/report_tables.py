@@ -143,7 +143,8 @@ def policy_text(decision: Decision) -> str:
     g = decision.policy
     parts = [
         f"baseline {g.baseline}",
-        f"every task's recovery at least {g.min_recovery:g} over the whole {g.confidence:.0%} paired interval",
+        f"every task's recovery at least {g.min_recovery:g} over its whole interval",
+        formats.guarantee(decision)[:-1],
     ]
     if g.task_min_recovery:
         parts.append("per task: " + ", ".join(f"{t} {v:g}" for t, v in g.task_min_recovery.items()))
@@ -300,11 +301,16 @@ def _reading(c) -> str:
     return f"{kind}: {need / c.n:.1f}x the documents"
 
 
+def _resolution(c) -> str:
+    return f"±{c.resolution:.4f}" if c.resolution is not None else ""
+
+
 def documents_section(decision: Decision) -> list[str]:
     """Per build and task: the documents it was judged on, and how many its verdict needs at the observed
     effect and spread (eval/stats.samples_to_decide): what sizes a card's tasks."""
     rows = [
-        f"| {b.precision} | {task} | {c.verdict} | {c.n:,} | {c.n_to_decide or 0:,} | {_reading(c)} |"
+        f"| {b.precision} | {task} | {c.verdict} | {c.n:,} | {c.n_to_decide or 0:,} | {_resolution(c)} "
+        f"| {_reading(c)} |"
         for b in decision.builds
         for task, c in b.tasks.items()
     ]
@@ -314,12 +320,13 @@ def documents_section(decision: Decision) -> list[str]:
         "",
         "## Documents each verdict needs",
         "",
-        "At the observed effect and per-document spread, the documents at which each task's interval would just "
-        "clear its threshold (the half-width shrinks as 1/sqrt(n)): fewer than judged where a task decides with "
-        f"room, more where it did not decide (a near miss within {NEAR_MISS}x).",
+        "Where a task decided, the documents its sequence needed (at a look); where it did not, about how many would "
+        "decide it at the observed effect and per-document spread (a near miss within "
+        f"{NEAR_MISS}x). Resolution: how far from the threshold a build must be for the task's documents to decide "
+        "it with 90 % power at this spread.",
         "",
-        "| build | task | verdict | documents | needed at this effect | reading |",
-        "|---|---|---|---|---|---|",
+        "| build | task | verdict | documents | needed | resolution | reading |",
+        "|---|---|---|---|---|---|---|",
         *rows,
     ]
 

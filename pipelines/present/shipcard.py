@@ -75,9 +75,8 @@ def _accuracy(b: BuildVerdict, decision: Decision) -> list[str]:
     lines = [
         "## Accuracy against the baseline",
         "",
-        f"Recovery = this build's score / the baseline's ({decision.policy.baseline}) on the same documents, with "
-        f"a {decision.policy.confidence:.0%} paired bootstrap interval "
-        f"({decision.policy.bootstrap_resamples:,} resamples).",
+        f"Recovery = this build's score / the baseline's ({decision.policy.baseline}) on the same documents, with its "
+        f"interval. {formats.guarantee(decision)}",
         "",
         "| task | metric | baseline | this build | recovery | interval | verdict |",
         "|---|---|---|---|---|---|---|",

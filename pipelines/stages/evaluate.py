@@ -19,6 +19,7 @@ from eval.lm_tasks import task_files
 from eval.sizing import KV_DTYPE_BYTES
 from eval.stopping import StopScoring, TaskRule
 from pipelines.core.card.cards import ModelCard
+from pipelines.core.card.search import judging
 from pipelines.core.framework.demands import check_tasks
 from pipelines.core.framework.runner import run_stage
 from pipelines.core.framework.tracker import Tracker
@@ -153,7 +154,7 @@ def stop_scoring(card: ModelCard, baseline: Manifest[Evaluated]) -> StopScoring:
     return StopScoring(
         when=gate.stop_scoring,
         rules=rules,
-        bootstrap=gate.bootstrap,
+        bootstrap=judging(card),
         baseline=baseline.result.accuracy,
         baseline_folder=str(stage_dir(card.name, gate.baseline, Evaluated.STAGE)),
     )

@@ -50,7 +50,19 @@ class Gate(_Strict):
         lt=1,
         description="generative tasks: total output length within this fraction of the baseline's (MLPerf's 10 %)",
     )
-    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence level of the paired tests")
+    confidence: float = Field(
+        0.95,
+        gt=0.5,
+        lt=1.0,
+        description="1 - the chance that a build that ships is worse than a threshold on any gated task (split "
+        "over the builds judged); the paired tests' level",
+    )
+    verdicts: Literal["sequential", "bootstrap"] = Field(
+        "sequential",
+        description="sequential: each task judged by a confidence sequence, valid at every look "
+        "(eval/sequential.py); bootstrap: a paired bootstrap interval at `confidence`, valid read once",
+    )
+    look_every: PositiveInt = Field(100, description="documents between the looks of a confidence sequence")
     bootstrap_resamples: PositiveInt = Field(2000, description="resamples of the documents per paired bootstrap")
     bootstrap_seed: int = Field(0, description="seed of the paired bootstrap")
     speed_regime: Literal["engine", "server"] = Field(
@@ -93,5 +105,17 @@ class Gate(_Strict):
 
     @property
     def bootstrap(self) -> Bootstrap:
-        """How every paired interval of the policy is drawn."""
-        return Bootstrap(self.confidence, self.bootstrap_resamples, self.bootstrap_seed)
+        """How the paired intervals of one build are drawn, judged alone (a card's builds: ModelCard.bootstrap)."""
+        return self.judging(1)
+
+    def judging(self, builds: int) -> Bootstrap:
+        """How the paired intervals are drawn where `builds` builds are judged: each build's share of the chance
+        of a wrong PASS (Bonferroni), so that over all of them it is at most 1 - confidence."""
+        return Bootstrap(
+            self.confidence,
+            self.bootstrap_resamples,
+            self.bootstrap_seed,
+            builds=builds,
+            every=self.look_every,
+            sequential=self.verdicts == "sequential",
+        )

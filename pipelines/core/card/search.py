@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from eval.paired import Bootstrap
 from quant.precisions import get_precision, mix_name
 
 ModelCard = Any  # pipelines/core/card/cards.py's, which imports this module
@@ -52,3 +53,11 @@ def fallback_of(card: ModelCard, precision: str) -> str:
     is its target, else the baseline."""
     s = card.search
     return s.fallback if s is not None and s.target == precision else card.gate.baseline
+
+
+def judging(card: ModelCard) -> Bootstrap:
+    """How a card's paired verdicts are drawn: its gate's, the chance of a wrong PASS split evenly (Bonferroni) over
+    every build it can judge, its quantized precisions and the search's mixes, so that the chance that any build
+    judged passes while worse than a threshold is at most 1 - confidence (docs/gate.md)."""
+    mixes = card.search.max_evaluations if card.search else 0
+    return card.gate.judging(len(card.precisions) - 1 + mixes)
