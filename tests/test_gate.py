@@ -298,7 +298,9 @@ def shipped(small_root, builds, measured, tmp_path_factory):
         # runs, as `qeval run` logs them, for the regression gate to read back
         card, tracker = load_card("ref-small"), MlflowTracker("ref-small")
         assert {evaluate(card, p, tracker).status for p in card.precisions} == {"skipped"}
+        # judged once by the bootstrap: a confidence sequence decides nothing on six documents (docs/gate.md)
         lenient = {"min_recovery": 0.5, "max_length_change": None, "min_speedup": None, "bootstrap_seed": 7}
+        lenient["verdicts"] = "bootstrap"
         _with_policy(root, baseline="bf16", prefer="memory", **lenient)
         done = _gate_cli(root, "gate", "--model", "ref-small", "--json")
         assert done.returncode == 0, done.stderr[-2000:]
