@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,8 +28,9 @@ from eval.kvcache import attention_name, fp8_kv_attention
 from eval.lm_tasks import check, load_tasks
 from eval.qdq_fast import same_values_faster
 from eval.records import GENERATED_IDS, RESULTS_FILE, AccuracyResult, scores
+from eval.rounds import Rounds, score_in_rounds
 from eval.scored_rows import log_softmax_scored_rows
-from eval.stopping import StopScoring, first_stop
+from eval.stopping import StopScoring, decided, first_stop
 
 WARM_IMPORTS = ("torch", "transformers", "datasets", "compressed_tensors", "lm_eval", "lm_eval.evaluator")
 """What every evaluation imports: pipelines/core/system/warm.py imports them once for the builds it evaluates."""
@@ -108,6 +110,11 @@ class AccuracyConfig(BaseModel):
     stop: StopScoring | None = Field(
         None, description="one task at a time: stop at the first the build cannot ship with (eval/stopping.py)"
     )
+    rounds: Rounds | None = Field(
+        None,
+        description="one task at a time: each in rounds of the gate's order, a build's until its verdict is known "
+        "(eval/rounds.py); `limit` is then each task's budget, the first documents of that order",
+    )
 
 
 def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
@@ -140,6 +147,8 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     not_scored: dict[str, str] = {}
     if cfg.stop is not None and not cfg.one_at_a_time:
         raise ValueError("a stop rule judges the tasks one at a time: set one_at_a_time")
+    if cfg.rounds is not None and not cfg.one_at_a_time:
+        raise ValueError("rounds score the tasks one at a time: set one_at_a_time")
     if not cfg.one_at_a_time:
         every = [t for loaded in tasks.values() for t in loaded]
         out = _scored(lm_eval.simple_evaluate(model=backend, model_args=args, tasks=every, **common), cfg, out_dir)
@@ -147,11 +156,32 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         from lm_eval.api.registry import get_model
 
         lm = get_model(backend).create_from_arg_obj(args, {"batch_size": common["batch_size"]})
-        out, judged = {}, set()
+        out, judged, took = {}, set(), {}
         names = list(cfg.tasks)
+        controls = {c: t for t, c in (cfg.rounds.controls if cfg.rounds else {}).items() if t in tasks and c in tasks}
+
+        def one_round(model, objects: list, samples: dict) -> dict:
+            rounds_common = {**common, "limit": None, "bootstrap_iters": 0}  # stderrs once, over every round
+            return _with_ids(lm_eval.simple_evaluate(model=model, tasks=objects, samples=samples, **rounds_common), cfg)
+
+        def known(unit: list[str]) -> Callable[[dict], bool] | None:
+            if cfg.stop is None:
+                return None  # the baseline: every document of the budget, for whichever build needs them
+            return lambda doc: decided(cfg.stop, out_dir, _result(_merged(out, doc), backend, t0), unit)
+
         for i, name in enumerate(names):
+            if name in controls:
+                continue  # scored with its task, on its documents
             try:
-                _merge(out, _scored(lm_eval.simple_evaluate(model=lm, tasks=tasks[name], **common), cfg, out_dir))
+                if cfg.rounds is not None and _leaf(tasks[name]):
+                    unit = [name, *(c for c, t in controls.items() if t == name)]
+                    doc, stopped = score_in_rounds(
+                        lm, unit, tasks, cfg.rounds, cfg.limit, one_round, out_dir, known(unit), cfg.bootstrap_iters
+                    )
+                    took |= stopped
+                    _merge(out, doc)
+                else:
+                    _merge(out, _scored(lm_eval.simple_evaluate(model=lm, tasks=tasks[name], **common), cfg, out_dir))
             except Exception as e:
                 if backend != "vllm":
                     raise
@@ -162,12 +192,13 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
                 continue
             why = first_stop(cfg.stop, out_dir, _result(out, backend, t0), judged) if cfg.stop else None
             if why is not None:
-                not_scored |= dict.fromkeys(names[i + 1 :], f"scoring stopped: {why}")
+                left = [n for n in names[i + 1 :] if n not in out["results"]]
+                not_scored |= dict.fromkeys(left, f"scoring stopped: {why}")
                 break
     if "results" not in out:  # every task failed: nothing stands
         raise ValueError("no task could be scored: " + "; ".join(f"{t} {why}" for t, why in not_scored.items()))
     (out_dir / RESULTS_FILE).write_text(json.dumps(out, indent=2, default=str))
-    return _result(out, backend, t0).model_copy(update={"not_scored": not_scored})
+    return _result(out, backend, t0).model_copy(update={"not_scored": not_scored, "rounds": took})
 
 
 class TasksLoaded(BaseModel):
@@ -188,16 +219,36 @@ def tasks_load(cfg: AccuracyConfig, out_dir: Path) -> TasksLoaded:
 def _scored(out: dict, cfg: AccuracyConfig, out_dir: Path) -> dict:
     """lm-eval's result document without its samples, which go to samples_<task>.jsonl (a generative task's
     with the token ids of its outputs)."""
-    samples = out.pop("samples", {})
-    configs = out.get("configs", {})
-    generative = [t for t, c in configs.items() if c.get("output_type") == "generate_until" and t in samples]
-    if generative:
-        _add_generated_ids({t: samples[t] for t in generative}, cfg)
+    samples = _with_ids(out, cfg).pop("samples", {})
     for task, rows in samples.items():
         with (out_dir / f"samples_{task}.jsonl").open("w") as f:
             for row in rows:
                 f.write(json.dumps(row, default=str) + "\n")
     return out
+
+
+def _with_ids(out: dict, cfg: AccuracyConfig) -> dict:
+    """lm-eval's result document, a generative task's samples given the token ids of their outputs."""
+    samples = out.get("samples", {})
+    configs = out.get("configs", {})
+    generative = [t for t, c in configs.items() if c.get("output_type") == "generate_until" and t in samples]
+    if generative:
+        _add_generated_ids({t: samples[t] for t in generative}, cfg)
+    return out
+
+
+def _leaf(objects: list) -> bool:
+    """Whether a card's task loaded as one lm-eval task (not a group or a tag of several): what rounds score."""
+    from lm_eval.api.task import Task
+
+    return len(objects) == 1 and isinstance(objects[0], Task)
+
+
+def _merged(into: dict, out: dict) -> dict:
+    """`_merge` into a copy."""
+    copy = {key: dict(value) if isinstance(value, dict) else value for key, value in into.items()}
+    _merge(copy, out)
+    return copy
 
 
 def _merge(into: dict, out: dict) -> None:

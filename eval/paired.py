@@ -92,8 +92,8 @@ def paired(
 ) -> Comparison:
     """One task's judging metric, `build` against `base` on the same documents.
 
-    `metric`: the one chosen for the task (None: the preferred). `subset`: `build` scored the first
-    documents of `base`'s set and is compared on those. `control`: a task of the same items without what
+    `metric`: the one chosen for the task (None: the preferred). `subset`: one side may have scored fewer
+    documents than the other, compared on those (`_common`). `control`: a task of the same items without what
     `task` probes; then each document's value is its gain over the control's (a log-likelihood's, for a
     perplexity-type metric), and recovery is the build's total gain over the baseline's. Raises
     FileNotFoundError where a per-document record is missing, KeyError where the two were not scored on the
@@ -107,11 +107,7 @@ def paired(
         name = f"{'log-likelihood' if is_likelihood(list(base_docs.values())) else m.name} gain over {control}"
         base_docs, build_docs, higher = _gains(base, control, m, base_docs), _gains(build, control, m, build_docs), True
     pool = len(base_docs)
-    if subset and build_docs.keys() <= base_docs.keys():
-        base_docs = {d: base_docs[d] for d in build_docs}
-    if base_docs.keys() != build_docs.keys() or not base_docs:
-        raise KeyError(task)
-    docs = scoring_order(list(base_docs), bootstrap.seed)
+    docs = _common(task, base, build, base_docs, build_docs, subset, bootstrap.seed)
     base_v, build_v = [base_docs[d] for d in docs], [build_docs[d] for d in docs]
     rule, bound = threshold.rule(is_likelihood(base_v))
     return compare(
@@ -129,7 +125,14 @@ def paired(
 
 
 def flips(
-    task: str, base: Scored, build: Scored, *, confidence: float, metric: str | None = None, subset: bool = False
+    task: str,
+    base: Scored,
+    build: Scored,
+    *,
+    confidence: float,
+    metric: str | None = None,
+    subset: bool = False,
+    seed: int = 0,
 ) -> Flips | None:
     """A multiple-choice task's answers, `build` against `base` on the same documents: how many changed, each
     picked as the task's judging metric picks it (`acc_norm`: per character); None where the task is not
@@ -140,11 +143,7 @@ def flips(
     build_ans = answers(build.folder, build.result, task, normalised)
     if not base_ans or not build_ans:
         return None
-    if subset and build_ans.keys() <= base_ans.keys():
-        base_ans = {d: base_ans[d] for d in build_ans}
-    if base_ans.keys() != build_ans.keys():
-        raise KeyError(task)
-    docs = sorted(base_ans, key=str)
+    docs = _common(task, base, build, base_ans, build_ans, subset, seed)
     return flip_rate([base_ans[d] for d in docs], [build_ans[d] for d in docs], confidence)
 
 
@@ -216,17 +215,35 @@ def _outputs(
     base_ids, build_ids = generated(base.folder, base.result, task), generated(build.folder, build.result, task)
     if not base_ids:
         return None
-    if subset and build_ids.keys() <= base_ids.keys():
-        base_ids = {d: base_ids[d] for d in build_ids}
-    if base_ids.keys() != build_ids.keys():
+    return [(base_ids[d], build_ids[d]) for d in _common(task, base, build, base_ids, build_ids, subset, seed)]
+
+
+def _common(task: str, base: Scored, build: Scored, base_docs: dict, build_docs: dict, subset: bool, seed: int) -> list:
+    """The documents both sides scored, in the scoring order (eval/sequential.py). Without `subset` the two must
+    hold the same documents. With it one side may hold fewer: where either side scored the task in rounds
+    (eval/rounds.py), the first of the other's in that order (a build that stopped when its verdict was known, a
+    cross-check's first documents), else any of the other's (a cross-check's first by index). KeyError where
+    they do not."""
+    order = scoring_order(list(base_docs.keys() | build_docs.keys()), seed)
+    short, other = sorted((base_docs, build_docs), key=len)
+    rounds = [(side.result.rounds.get(task), docs) for side, docs in ((base, base_docs), (build, build_docs))]
+    if any(took is not None and took.scored != len(docs) for took, docs in rounds):
+        fits = False  # a record lost: not what the rounds scored
+    elif not subset:
+        fits = base_docs.keys() == build_docs.keys()
+    elif any(took is not None for took, _ in rounds):
+        fits = short.keys() <= other.keys() and short.keys() == set(order[: len(short)])
+    else:
+        fits = short.keys() <= other.keys()
+    if not fits or not short:
         raise KeyError(task)
-    return [(base_ids[d], build_ids[d]) for d in scoring_order(list(base_ids), seed)]
+    return [d for d in order if d in short]
 
 
-def agreement(task: str, base: Scored, build: Scored, *, subset: bool = False) -> Departures | None:
+def agreement(task: str, base: Scored, build: Scored, *, subset: bool = False, seed: int = 0) -> Departures | None:
     """Where a generative task's outputs depart from `base`'s, document by document (None: it does not
     generate)."""
-    pairs = _outputs(task, base, build, subset)
+    pairs = _outputs(task, base, build, subset, seed)
     return None if pairs is None else Departures([departure(a, b) for a, b in pairs])
 
 
@@ -238,6 +255,7 @@ def generation(
     pairs = _outputs(task, base, build, subset, bootstrap.seed)
     if pairs is None:
         return None
+    pool = len(generated(base.folder, base.result, task))
     lengths = length_band(
         [len(a) for a, _ in pairs],
         [len(b) for _, b in pairs],
@@ -245,6 +263,6 @@ def generation(
         confidence=bootstrap.confidence,
         iters=bootstrap.resamples,
         seed=bootstrap.seed,
-        sequence=bootstrap.sequence(len(pairs)),
+        sequence=bootstrap.sequence(pool),
     )
     return Generation(lengths, Departures([departure(a, b) for a, b in pairs]))

@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -31,6 +31,14 @@ class Metric(BaseModel):
         return self.name if self.filter == "none" else f"{self.name}/{self.filter}"
 
 
+class TaskRounds(BaseModel):
+    """How far a task scored in rounds went (eval/rounds.py), and why it stopped there."""
+
+    scored: int = Field(description="documents scored: the first of the gate's order")
+    pool: int = Field(description="documents the task has")
+    why: Literal["decided", "pool spent", "budget spent"]
+
+
 class AccuracyResult(BaseModel):
     """lm-eval's scores, normalised, plus what is needed to reproduce and trust them."""
 
@@ -45,6 +53,11 @@ class AccuracyResult(BaseModel):
     seconds: float
     peak_rss_mb: float = Field(description="peak resident memory of the evaluating process")
     not_scored: dict[str, str] = Field({}, description="tasks left unscored, with why (eval/stopping.py)")
+    rounds: dict[str, TaskRounds] = Field({}, description="tasks scored in rounds: how far, and why they stopped")
+
+    def stopped(self) -> str:
+        """Each task scored in rounds: why it stopped, after how many of its documents ("" for none)."""
+        return "; ".join(f"{t}: {r.why} after {r.scored:,} of {r.pool:,}" for t, r in self.rounds.items())
 
     def values(self) -> dict[str, dict[str, float]]:
         """task -> metric id -> value."""

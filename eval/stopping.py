@@ -58,23 +58,43 @@ def first_stop(stop: StopScoring, folder: Path, scored: AccuracyResult, judged: 
         if task in judged or task not in scored.scores or (rule.control and rule.control not in scored.scores):
             continue
         judged.add(task)
-        c = paired(
-            task,
-            base,
-            build,
-            threshold=rule.threshold,
-            bootstrap=stop.bootstrap,
-            metric=rule.metric,
-            control=rule.control,
-        )
-        if c.verdict in stopping:
-            est, lo, hi = c.statistic
-            return f"{task} {c.verdict} ({c.metric} {est:.4g} [{lo:.4g}, {hi:.4g}] vs {c.threshold:g})"
-        if rule.length_band is None:
-            continue
-        g = generation(task, base, build, band=rule.length_band, bootstrap=stop.bootstrap)
-        if g is not None and g.length.verdict in stopping:
-            est, lo, hi = g.length.ratio
-            band = f"±{rule.length_band:.0%}"
-            return f"{task} output length {g.length.verdict} ({est:.3f}x [{lo:.3f}, {hi:.3f}] vs {band})"
+        for verdict, why in _verdicts(stop, base, build, task):
+            if verdict in stopping:
+                return why
     return None
+
+
+def decided(stop: StopScoring, folder: Path, scored: AccuracyResult, tasks: list[str]) -> bool:
+    """Whether the verdicts of `tasks` (scored so far, in rounds: eval/rounds.py) are known: one FAILs, or every
+    rule of every one PASSes."""
+    base, build = Scored(Path(stop.baseline_folder), stop.baseline), Scored(folder, scored)
+    verdicts = [v for task in tasks for v, _ in _verdicts(stop, base, build, task)]
+    return Verdict.FAIL in verdicts or all(v == Verdict.PASS for v in verdicts)
+
+
+def _verdicts(stop: StopScoring, base: Scored, build: Scored, task: str) -> list[tuple[Verdict, str]]:
+    """The task's verdicts, each with what it says: its rule's and, where the policy gates it, its output
+    length's; on the documents the build has scored (the first of the baseline's, where it stopped early)."""
+    rule = stop.rules[task]
+    c = paired(
+        task,
+        base,
+        build,
+        threshold=rule.threshold,
+        bootstrap=stop.bootstrap,
+        metric=rule.metric,
+        control=rule.control,
+        subset=True,
+    )
+    est, lo, hi = c.statistic
+    out = [(c.verdict, f"{task} {c.verdict} ({c.metric} {est:.4g} [{lo:.4g}, {hi:.4g}] vs {c.threshold:g})")]
+    if rule.length_band is None:
+        return out
+    g = generation(task, base, build, band=rule.length_band, bootstrap=stop.bootstrap, subset=True)
+    if g is not None:
+        est, lo, hi = g.length.ratio
+        band = f"±{rule.length_band:.0%}"
+        out.append(
+            (g.length.verdict, f"{task} output length {g.length.verdict} ({est:.3f}x [{lo:.3f}, {hi:.3f}] vs {band})")
+        )
+    return out

@@ -126,6 +126,7 @@ def paired_with(
                 bootstrap=judging(card),
                 metric=gate.task_metric.get(task),
                 control=gate.controls.get(task),
+                subset=in_rounds(done),
             )
         except FileNotFoundError as e:
             raise QevalError(f"gate: {e}; rerun: qeval evaluate --force") from None
@@ -160,15 +161,29 @@ def scored_tasks(card: ModelCard, *sides: Evaluated) -> list[str]:
 def generations(card: ModelCard, precision: str) -> dict[str, Generation]:
     """Every generative task of the card, the build against the baseline: output length and departures."""
     band = card.gate.max_length_change or 0.10  # shown at MLPerf's band where the policy does not gate it
-    return _each_task(card, precision, lambda t, a, b: generation(t, a, b, band=band, bootstrap=judging(card)))
+    subset = in_rounds(evaluation(card, precision)[1])
+    return _each_task(
+        card, precision, lambda t, a, b: generation(t, a, b, band=band, bootstrap=judging(card), subset=subset)
+    )
 
 
 def answer_flips(card: ModelCard, precision: str) -> dict[str, Flips]:
     """Every multiple-choice task of the card, the build against the baseline: how many answers changed."""
-    gate = card.gate
+    gate, subset = card.gate, in_rounds(evaluation(card, precision)[1])
     return _each_task(
-        card, precision, lambda t, a, b: flips(t, a, b, confidence=gate.confidence, metric=gate.task_metric.get(t))
+        card,
+        precision,
+        lambda t, a, b: flips(
+            t, a, b, confidence=gate.confidence, metric=gate.task_metric.get(t), subset=subset, seed=gate.bootstrap_seed
+        ),
     )
+
+
+def in_rounds(done: Evaluated) -> bool:
+    """Whether the evaluation scored its tasks in rounds (eval/rounds.py): then a build holds the first of the
+    baseline's documents in the gate's order where its verdict was known before its pool was spent, and is
+    compared on those."""
+    return done.config.rounds is not None
 
 
 def _each_task(card: ModelCard, precision: str, compare: Callable[[str, Scored, Scored], T | None]) -> dict[str, T]:

@@ -16,6 +16,7 @@ import eval.accuracy as accuracy
 from eval.compare import recoveries
 from eval.kvcache import rounds_query
 from eval.lm_tasks import task_files
+from eval.rounds import Rounds
 from eval.sizing import KV_DTYPE_BYTES
 from eval.stopping import StopScoring, TaskRule
 from pipelines.core.card.cards import ModelCard
@@ -136,7 +137,17 @@ def accuracy_config(
         # builds that may stop are scored a task at a time, and so is their baseline: the same batches; and on
         # vLLM, so that one task's failure (its memory) leaves the others scored
         one_at_a_time=card.gate.stop_scoring != "never" or backend == "vllm",
+        rounds=scoring_rounds(card),
     )
+
+
+def scoring_rounds(card: ModelCard) -> Rounds | None:
+    """Where builds may stop and are judged by confidence sequences, every build of the card, the baseline too, is
+    scored in the gate's rounds (eval/rounds.py): a build's task until its verdict is known."""
+    gate = card.gate
+    if gate.stop_scoring == "never" or gate.verdicts != "sequential":
+        return None
+    return Rounds(every=gate.look_every, seed=gate.bootstrap_seed, controls=gate.controls)
 
 
 def stop_scoring(card: ModelCard, baseline: Manifest[Evaluated]) -> StopScoring:
@@ -215,9 +226,10 @@ def _evaluate(
         shown = ", ".join(f"{m.id}={m.value:.4g}" for m in result.scores.get(task, []))
         log.info("%s@%s %s: %s (chance %s)", card.name, precision, task, shown, result.chance.get(task))
     recovery = None
-    if baseline is not None:
+    if baseline is not None:  # point recoveries where both scored the same documents (the gate pairs the rest)
         base = baseline.accuracy
-        recovery = recoveries(result.values(), base.values(), base.higher_is_better())
+        same = {t: v for t, v in result.values().items() if result.n_samples.get(t) == base.n_samples.get(t)}
+        recovery = recoveries(same, base.values(), base.higher_is_better())
     return Evaluated(config=cfg, accuracy=result, task_data_sha256=task_data, recovery=recovery)
 
 

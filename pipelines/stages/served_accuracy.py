@@ -96,7 +96,7 @@ def against_offline(
                 metric=gate.task_metric.get(task),
                 subset=True,
             )
-            departs = agreement(task, offline_side, served_side, subset=True)
+            departs = agreement(task, offline_side, served_side, subset=True, seed=gate.bootstrap_seed)
         except (FileNotFoundError, KeyError, ValueError) as e:
             raise QevalError(f"{card.name}@{precision} served accuracy of {task}: {e}; rerun with --force") from None
         same = departs.identical if departs else None

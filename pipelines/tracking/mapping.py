@@ -20,6 +20,7 @@ from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized,
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from pipelines.present import formats
 from pipelines.tracking.names import (
+    EVAL_DOCUMENTS,
     EVAL_METRIC,
     EVAL_STDERR,
     GATE_PARAM,
@@ -130,6 +131,7 @@ def _evaluated(result: Evaluated) -> Logged:
                 metrics[EVAL_STDERR.format(task=task, name=m.name, filter=suffix)] = m.stderr
     for task, values in (result.recovery or {}).items():
         metrics |= {RECOVERY_METRIC.format(task=task, metric=k): v for k, v in values.items()}
+    metrics |= {EVAL_DOCUMENTS.format(task=task): n for task, n in result.accuracy.n_samples.items()}
     params = _settings(result.config, EVAL_SETTINGS) | _params(EVAL_PARAMS, result)
     return Logged(_finite(metrics), params=params, datasets=result.accuracy.datasets)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipelines.core.store.results import Quantized
 from pipelines.tracking.names import (
+    EVAL_DOCUMENTS,
     EVAL_METRIC,
     EXPERIMENT,
     GATE_PARAM,
@@ -210,6 +211,7 @@ EVAL_SETTINGS = {
     "max_length": "eval.max_length",
     "max_seq_lengths": "eval.max_seq_lengths",
     "one_at_a_time": "eval.one_at_a_time",
+    "rounds": "eval.rounds",
 }
 VLLM_SETTINGS = {
     "device": "server.device",
@@ -301,6 +303,7 @@ EVAL_PARAMS: dict[str, Getter] = {
     "eval.task_data_sha256": lambda e: e.task_data_sha256 or "hub",
     "eval.stop_scoring": lambda e: e.config.stop.when if e.config.stop else "never",
     "eval.not_scored": lambda e: ", ".join(e.accuracy.not_scored) or "none",
+    "eval.stopped": lambda e: e.accuracy.stopped() or "none",
 }
 BENCH_PARAMS: dict[str, Getter] = {
     "engine.device": lambda b: b.engine.device_name,
@@ -363,7 +366,7 @@ NAMES: dict[str, list[str]] = {
         *SENSITIVITY_METRICS,
         *GATE_METRICS,
         *(_templated(SHAPE_SCENARIO + n) for n in SHAPE_SCENARIO_METRICS),
-        *(_templated(n) for n in (EVAL_METRIC, RECOVERY_METRIC, SERVED_METRIC)),
+        *(_templated(n) for n in (EVAL_METRIC, EVAL_DOCUMENTS, RECOVERY_METRIC, SERVED_METRIC)),
         "eval/<task>/<metric>_stderr",
         *(_templated(SERVED_DIFF).replace("<bound>", b) for b in ("", "_lower", "_upper")),
         *(f"size/<gpu>/{f}" for f in SIZE_GPU_FIGURES),
