@@ -25,6 +25,7 @@ Verdicts are read at the looks only: the ends of the scoring rounds, the first a
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 
@@ -45,9 +46,9 @@ def looks(n: int, every: int) -> list[int]:
     return sorted({*range(first, n, every), n}) if n >= 1 else []
 
 
-def bet_log_wealth(d: np.ndarray, lower: float, upper: float) -> np.ndarray:
-    """The log wealth after each document of a bettor against "mean of d <= 0", for terms within [lower, upper]
-    (lower < 0 < upper), along the last axis (several runs at once where d has more). The stake on a document is
+def bet_log_wealth(d: np.ndarray, lower: float) -> np.ndarray:
+    """The log wealth after each document of a bettor against "mean of d <= 0", for terms at least `lower` (< 0),
+    along the last axis (several runs at once where d has more). The stake on a document is
     the Kelly fraction from the documents before it (aGRAPA: mean / (variance + mean^2)), a prior of one term at
     0 with a variance of a quarter, held to [0, CAP / -lower] so that the wealth stays positive."""
     n = d.shape[-1]
@@ -56,8 +57,7 @@ def bet_log_wealth(d: np.ndarray, lower: float, upper: float) -> np.ndarray:
     mean = np.concatenate([zero, np.cumsum(d, -1)[..., :-1]], -1) / before
     second = (np.concatenate([zero, np.cumsum(d * d, -1)[..., :-1]], -1) + 0.25) / before
     var = np.maximum(second - mean * mean, 1e-12)
-    stake = np.clip(mean / (var + mean * mean), 0.0, CAP / -lower)
-    del upper  # the stake's bound is the lower end's: a term at `upper` only adds to the wealth
+    stake = np.clip(mean / (var + mean * mean), 0.0, CAP / -lower)  # a term at the upper end only adds
     return np.cumsum(np.log1p(stake * d), -1)
 
 
@@ -81,8 +81,8 @@ def first_looks(
     if bounds is not None:
         lo, hi = bounds
         level = math.log(1 / alpha)
-        up = bet_log_wealth(d, lo, hi)[..., idx] >= level
-        down = bet_log_wealth(-d, -hi, -lo)[..., idx] >= level
+        up = bet_log_wealth(d, lo)[..., idx] >= level
+        down = bet_log_wealth(-d, -hi)[..., idx] >= level
     else:
         t = np.asarray(at, dtype=float)
         s1, s2 = np.cumsum(d, -1)[..., idx], np.cumsum(d * d, -1)[..., idx]
@@ -166,14 +166,32 @@ def documents_to_decide(mean: float, sd: float, alpha: float, pool: int) -> int 
     return t
 
 
-def resolution(sd: float, scale: float, alpha: float, pool: int) -> float | None:
+def resolution(sd: float, scale: float, alpha: float, pool: int, betting_at: float | None = None) -> float | None:
     """How far from its threshold a statistic must lie for a task of `pool` documents to decide it with 90 %
     power, at terms' standard deviation `sd` (from the baseline and the documents scored): the boundary's radius
     at the pool plus the power's margin, in the statistic's units (`scale`: how much the terms' mean moves per
-    unit of the statistic, the baseline's mean score for recovery). None where it cannot be read."""
+    unit of the statistic, the baseline's mean score for recovery). `betting_at`: scores in [0, 1] judged by
+    betting at this recovery threshold, which no spread lets decide sooner than `betting_floor`. None where it
+    cannot be read."""
     if pool < 1 or scale <= 0 or not math.isfinite(sd):
         return None
-    return float((mixture_radius(pool, sd, alpha, pool) + POWER_Z * sd / math.sqrt(pool)) / scale)
+    normal = float((mixture_radius(pool, sd, alpha, pool) + POWER_Z * sd / math.sqrt(pool)) / scale)
+    if betting_at is None:
+        return normal
+    return max(normal, math.log(1 / alpha) * betting_at / (CAP * scale * pool))
+
+
+def betting_floor(mean: float, lower: float, upper: float, alpha: float) -> int | None:
+    """The fewest documents in which betting can decide terms of this mean within [lower, upper] at all, however
+    alike they are: a document adds at most stake * term to the log wealth, the stake at most CAP over the bound
+    on the other side (`lower` to establish a mean >= 0, `upper` a mean < 0), and the wealth must reach 1/alpha.
+    For a build that scores every document as its baseline does at recovery threshold m the mean is (1 - m) times
+    the baseline's mean score: no valid test can tell it sooner from one that loses that share of its documents
+    outright (docs/gate.md). None for a mean of 0."""
+    if mean == 0 or not math.isfinite(mean):
+        return None
+    bound = -lower if mean > 0 else upper
+    return math.ceil(math.log(1 / alpha) * bound / (CAP * abs(mean)))
 
 
 Form = str
@@ -222,6 +240,8 @@ def judge(
     d = of(threshold)
     sd = float(d.std(ddof=1)) if len(d) > 1 else 0.0
     need = used if side else documents_to_decide(float(d.mean()), sd, alpha, pool)
+    if bounded and not side and need is not None:
+        need = max(need, betting_floor(float(d.mean()), *bounds(threshold), alpha) or 0)  # type: ignore[misc]
     return side, used, interval, need
 
 
@@ -229,8 +249,6 @@ def scoring_order(keys: list, seed: int) -> list:
     """Documents in the order they are scored and judged in: a seeded shuffle, the same for the baseline and every
     build (each key's place from a hash of the seed and the key, so a document keeps it whatever others a pool
     holds)."""
-    import hashlib
-
     return sorted(keys, key=lambda k: hashlib.sha256(f"{seed}\0{k}".encode()).digest())
 
 

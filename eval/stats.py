@@ -204,7 +204,8 @@ def compare(
         d = sequential.terms(form, x, y, a_den)(threshold)
         scale = float(np.mean(y)) if form == "ratio" else float(np.mean(a_den))
         method = "betting" if bounded else "mixture"
-        extra = dict(method=method, alpha=alpha, pool=pool, resolution=_resolution(d, scale, alpha, pool))
+        at = threshold if bounded else None
+        extra = dict(method=method, alpha=alpha, pool=pool, resolution=_resolution(d, scale, alpha, pool, at))
 
     binary = not likelihood and all(v in (0.0, 1.0) for v in np.concatenate([a_num, b_num]))
     discordant = (int(np.sum((a_num == 1) & (b_num == 0))), int(np.sum((a_num == 0) & (b_num == 1))))
@@ -239,8 +240,8 @@ def _form(metric: str, rule: Rule, higher: bool, likelihood: bool, a: np.ndarray
     return ("ratio", b, a, bounded) if higher else ("ratio", a, b, bounded)
 
 
-def _resolution(d: np.ndarray, scale: float, alpha: float, pool: int) -> float | None:
-    return sequential.resolution(float(d.std(ddof=1)), scale, alpha, pool) if len(d) > 1 else None
+def _resolution(d: np.ndarray, scale: float, alpha: float, pool: int, betting_at: float | None) -> float | None:
+    return sequential.resolution(float(d.std(ddof=1)), scale, alpha, pool, betting_at) if len(d) > 1 else None
 
 
 def samples_to_decide(n: int, point: float, lower: float, upper: float, threshold: float) -> int | None:

@@ -120,3 +120,17 @@ def test_the_interval_holds_the_estimate_and_the_verdict_agrees_with_it():
     assert sequential.scoring_order([3, 1, 2], 0) == sequential.scoring_order([2, 3, 1], 0)
     assert sequential.documents_to_decide(0.0, 1.0, ALPHA, 100) is None
     assert not math.isinf(sequential.resolution(1.0, 1.0, ALPHA, 100) or math.inf)
+
+
+def test_a_build_that_scores_as_its_baseline_passes_no_sooner_than_the_betting_floor():
+    """A 0/1 task 39 % right at threshold 0.96: betting passes a build identical to its baseline about where
+    `betting_floor` says (the wealth's growth is capped by the stake), and a resolution read at a pool shorter
+    than that floor is no finer than the gap such a build has (1 - 0.96)."""
+    m, mu, alpha = 0.96, 0.394, ALPHA
+    floor = sequential.betting_floor((1 - m) * mu, -m, 1.0, alpha)
+    y = (np.random.default_rng(3).random((100, 2500)) < mu).astype(float)
+    wealth = sequential.bet_log_wealth((1 - m) * y, -m)
+    passed = (wealth >= math.log(1 / alpha)).argmax(-1) + 1
+    assert (wealth >= math.log(1 / alpha)).any(-1).all()
+    assert 0.85 * floor <= np.median(passed) <= 1.2 * floor
+    assert sequential.resolution(0.01, mu, alpha, floor // 2, betting_at=m) > 1 - m

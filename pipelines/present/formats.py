@@ -11,7 +11,7 @@ import re
 
 from eval.serving import LevelMetrics
 from eval.speedup import crossovers, within_noise
-from eval.stats import Verdict
+from eval.stats import Comparison, Verdict
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from quant.execution import Execution
 from quant.precisions import PRECISIONS
@@ -137,3 +137,12 @@ def guarantee(decision: Decision) -> str:
         f"seeded order): the chance that a build that ships is worse than its threshold on any gated task is at most "
         f"{1 - g.confidence:.0%}, split over the {builds} builds judged ({each:.2%} each)."
     )
+
+
+def documents(c: Comparison) -> str:
+    """How many documents judged a task, of how many the baseline scored, and why scoring stopped there: a task
+    scored in rounds stops once its verdict is known (eval/rounds.py), else at the end of its pool."""
+    if c.pool is None:
+        return f"{c.n:,}"
+    why = "decided" if c.verdict != Verdict.INCONCLUSIVE else "pool spent"
+    return f"{c.n:,} of {c.pool:,}, {why}"

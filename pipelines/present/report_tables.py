@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 import eval.serving as serving
+from eval.sequential import betting_floor
 from eval.sizing import Fit
 from eval.stats import Verdict
 from pipelines.core.card.cards import ModelCard
@@ -305,11 +306,42 @@ def _resolution(c) -> str:
     return f"±{c.resolution:.4f}" if c.resolution is not None else ""
 
 
+def _fewest(c) -> str:
+    """The fewest documents in which the task can PASS a build that scores every one as the baseline does."""
+    if c.method != "betting":
+        return "the first look" if c.method == "mixture" else ""
+    fewest = betting_floor((1 - c.threshold) * c.baseline, -c.threshold, 1.0, c.alpha)
+    if fewest is None:
+        return "never"
+    return f"{fewest:,}" + (": more than it has, no build can pass" if c.pool and fewest > c.pool else "")
+
+
+def can_tell(decision: Decision) -> list[str]:
+    """Per task, before any build: what its documents can tell at its threshold (eval/sequential.py)."""
+    widest = {}
+    for b in decision.builds:
+        for task, c in b.tasks.items():
+            if c.pool and c.n >= widest.get(task, c).n:
+                widest[task] = c
+    if not widest:
+        return []
+    return [
+        "",
+        "What each task can tell: a score in [0, 1] judged by betting cannot PASS even a build that scores every "
+        "document as the baseline does before the documents below (docs/gate.md); a log-likelihood can at the first "
+        "look where the spread is small.",
+        "",
+        "| task | judged by | documents | threshold | fewest a PASS takes |",
+        "|---|---|---|---|---|",
+        *(f"| {t} | {c.metric} | {c.pool:,} | {c.threshold:g} | {_fewest(c)} |" for t, c in widest.items()),
+    ]
+
+
 def documents_section(decision: Decision) -> list[str]:
     """Per build and task: the documents it was judged on, and how many its verdict needs at the observed
     effect and spread (eval/stats.samples_to_decide): what sizes a card's tasks."""
     rows = [
-        f"| {b.precision} | {task} | {c.verdict} | {c.n:,} | {c.n_to_decide or 0:,} | {_resolution(c)} "
+        f"| {b.precision} | {task} | {c.verdict} | {formats.documents(c)} | {c.n_to_decide or 0:,} | {_resolution(c)} "
         f"| {_reading(c)} |"
         for b in decision.builds
         for task, c in b.tasks.items()
@@ -320,6 +352,8 @@ def documents_section(decision: Decision) -> list[str]:
         "",
         "## Documents each verdict needs",
         "",
+        "Documents: those the verdict was read on, of those the baseline scored; a build's task is scored in rounds "
+        "until its verdict is known where the card's gate stops scoring. "
         "Where a task decided, the documents its sequence needed (at a look); where it did not, about how many would "
         "decide it at the observed effect and per-document spread (a near miss within "
         f"{NEAR_MISS}x). Resolution: how far from the threshold a build must be for the task's documents to decide "
@@ -328,6 +362,7 @@ def documents_section(decision: Decision) -> list[str]:
         "| build | task | verdict | documents | needed | resolution | reading |",
         "|---|---|---|---|---|---|---|",
         *rows,
+        *can_tell(decision),
     ]
 
 

@@ -78,14 +78,14 @@ def _accuracy(b: BuildVerdict, decision: Decision) -> list[str]:
         f"Recovery = this build's score / the baseline's ({decision.policy.baseline}) on the same documents, with its "
         f"interval. {formats.guarantee(decision)}",
         "",
-        "| task | metric | baseline | this build | recovery | interval | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| task | metric | baseline | this build | recovery | interval | verdict | documents |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for task, c in b.tasks.items():
         rec, lo, hi = c.recovery
         lines.append(
             f"| {task} | {c.metric} | {c.baseline:.4g} | {c.build:.4g} | {rec:.4f} | [{lo:.4f}, {hi:.4f}] "
-            f"| {c.verdict} |"
+            f"| {c.verdict} | {formats.documents(c)} |"
         )
     if (stop := decision.policy.stop_scoring) != "never":
         stopped = [
