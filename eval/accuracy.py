@@ -158,7 +158,8 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         lm = get_model(backend).create_from_arg_obj(args, {"batch_size": common["batch_size"]})
         out, judged, took = {}, set(), {}
         names = list(cfg.tasks)
-        controls = {c: t for t, c in (cfg.rounds.controls if cfg.rounds else {}).items() if t in tasks and c in tasks}
+        pairs = (cfg.rounds.controls if cfg.rounds else {}).items()  # a control scored with its task, both in rounds
+        controls = {c: t for t, c in pairs if t in tasks and c in tasks and _leaf(tasks[t]) and _leaf(tasks[c])}
 
         def one_round(model, objects: list, samples: dict) -> dict:
             rounds_common = {**common, "limit": None, "bootstrap_iters": 0}  # stderrs once, over every round
@@ -172,9 +173,9 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         for i, name in enumerate(names):
             if name in controls:
                 continue  # scored with its task, on its documents
+            unit = [name, *(c for c, t in controls.items() if t == name)]
             try:
                 if cfg.rounds is not None and _leaf(tasks[name]):
-                    unit = [name, *(c for c, t in controls.items() if t == name)]
                     doc, stopped = score_in_rounds(
                         lm, unit, tasks, cfg.rounds, cfg.limit, one_round, out_dir, known(unit), cfg.bootstrap_iters
                     )
@@ -188,7 +189,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
                 # one task's failure in vLLM's engine (its memory, most often) is that task's, not the build's:
                 # the tasks scored stand, and the gate cannot pass a task left unscored (pipelines/decision/gate.py)
                 first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-                not_scored[name] = f"failed: {type(e).__name__}: {first}"
+                not_scored |= dict.fromkeys(unit, f"failed: {type(e).__name__}: {first}")
                 continue
             why = first_stop(cfg.stop, out_dir, _result(out, backend, t0), judged) if cfg.stop else None
             if why is not None:

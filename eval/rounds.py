@@ -34,10 +34,9 @@ class Rounds(BaseModel):
     controls: dict[str, str] = Field({}, description="task -> its control, scored on its documents in its rounds")
 
 
-def document_order(task: str, pool: int, seed: int) -> list[int]:
-    """A task's document indices in the order the gate reads them (eval/paired.py keys a document by its task and
-    its index)."""
-    return [i for _, i in scoring_order([(task, i) for i in range(pool)], seed)]
+def document_order(pool: int, seed: int) -> list[int]:
+    """A task's document indices in the order the gate reads them."""
+    return scoring_order(list(range(pool)), seed)
 
 
 def score_in_rounds(
@@ -61,7 +60,7 @@ def score_in_rounds(
         if len(tasks[name][0].eval_docs) != pool:
             raise ValueError(f"{name}, the control of {unit[0]}, has other documents: it must have the same items")
     end = min(pool, budget or pool)
-    order = document_order(unit[0], pool, rounds.seed)[:end]
+    order = document_order(pool, rounds.seed)[:end]
     rows: dict[str, list[dict]] = {name: [] for name in unit}
     last: dict[str, dict] = {}
     for name in unit:

@@ -247,9 +247,15 @@ def judge(
 
 def scoring_order(keys: list, seed: int) -> list:
     """Documents in the order they are scored and judged in: a seeded shuffle, the same for the baseline and every
-    build (each key's place from a hash of the seed and the key, so a document keeps it whatever others a pool
-    holds)."""
-    return sorted(keys, key=lambda k: hashlib.sha256(f"{seed}\0{k}".encode()).digest())
+    build. Each document's place is from a hash of the seed and its index alone (the last part of a (task, index)
+    key), so that it keeps it whatever others a pool holds, and a task and its control, the same items, share one
+    order; a group's subtasks' documents of one index follow by name."""
+
+    def place(key) -> tuple[bytes, str]:
+        index = key[-1] if isinstance(key, tuple) else key
+        return hashlib.sha256(f"{seed}\0{index}".encode()).digest(), str(key)
+
+    return sorted(keys, key=place)
 
 
 BETTING_COST = 2.0

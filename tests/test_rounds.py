@@ -11,19 +11,23 @@ import pytest
 from eval.paired import Bootstrap, Scored, Threshold, paired
 from eval.records import AccuracyResult, Metric, TaskRounds
 from eval.rounds import document_order
+from eval.sequential import scoring_order
 from eval.stats import Verdict
 
 TASK = "refkjv_x"
 
 
-def _side(folder: Path, scores: dict[int, float], rounds: TaskRounds | None) -> Scored:
-    """An evaluation of TASK with these per-document 0/1 scores, scored in rounds or not."""
+def _side(
+    folder: Path, scores: dict[int, float], rounds: TaskRounds | None, tasks: tuple[str, ...] = (TASK,)
+) -> Scored:
+    """An evaluation of `tasks` with these per-document 0/1 scores each, scored in rounds or not."""
     folder.mkdir(parents=True)
     rows = [{"doc_id": d, "metrics": ["acc"], "acc": v, "filter": "none"} for d, v in scores.items()]
-    (folder / f"samples_{TASK}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for task in tasks:
+        (folder / f"samples_{task}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = AccuracyResult(
-        scores={TASK: [Metric(name="acc", value=sum(scores.values()) / len(scores))]},
-        n_samples={TASK: len(scores)},
+        scores={t: [Metric(name="acc", value=sum(scores.values()) / len(scores))] for t in tasks},
+        n_samples=dict.fromkeys(tasks, len(scores)),
         versions={},
         chance={},
         datasets={},
@@ -31,7 +35,7 @@ def _side(folder: Path, scores: dict[int, float], rounds: TaskRounds | None) -> 
         lm_eval_version="test",
         seconds=0,
         peak_rss_mb=0,
-        rounds={TASK: rounds} if rounds else {},
+        rounds=dict.fromkeys(tasks, rounds) if rounds else {},
     )
     return Scored(folder, result)
 
@@ -42,22 +46,43 @@ def _judge(base: Scored, build: Scored, *, subset: bool = True, threshold: float
 
 
 def test_a_document_keeps_its_place_in_the_order_whatever_the_pool():
-    order = document_order(TASK, 1000, 0)
+    order = document_order(1000, 0)
     assert sorted(order) == list(range(1000)) and order[:10] != list(range(10))
-    assert [d for d in order if d < 400] == document_order(TASK, 400, 0)  # a budget or a smaller pool: a prefix
-    assert document_order(TASK, 1000, 1) != order and document_order("refkjv_y", 1000, 0) != order
+    assert [d for d in order if d < 400] == document_order(400, 0)  # a budget or a smaller pool: a prefix
+    assert document_order(1000, 1) != order
+    # the gate's order of a task's documents, and of its control's: the same
+    keys = [(TASK, i) for i in range(1000)]
+    assert (
+        [i for _, i in scoring_order(keys, 0)]
+        == order
+        == [i for _, i in scoring_order([("c", i) for i in range(1000)], 0)]
+    )
 
 
 def test_a_build_that_stopped_is_judged_on_the_baselines_first_documents(tmp_path):
     pool = 400
     right = {d: float(d % 5 != 0) for d in range(pool)}  # 80 % right; the build answers alike
     base = _side(tmp_path / "base", right, TaskRounds(scored=pool, pool=pool, why="pool spent"))
-    first = document_order(TASK, pool, 0)[:200]
+    first = document_order(pool, 0)[:200]
     build = _side(tmp_path / "build", {d: right[d] for d in first}, TaskRounds(scored=200, pool=pool, why="decided"))
     c = _judge(base, build)
     assert (c.n, c.pool, c.verdict) == (200, pool, Verdict.PASS) and c.method == "betting"
     with pytest.raises(KeyError):  # the whole pool, or nothing: a build that stopped is not judged so
         _judge(base, build, subset=False)
+
+
+def test_a_control_scored_on_its_tasks_documents_pairs_as_a_task_of_its_own(tmp_path):
+    pool, tasks = 300, (TASK, "refkjv_x_control")
+    right = {d: float(d % 4 != 0) for d in range(pool)}
+    base = _side(tmp_path / "base", right, TaskRounds(scored=pool, pool=pool, why="pool spent"), tasks)
+    first = document_order(pool, 0)[:100]
+    build = _side(
+        tmp_path / "build", {d: right[d] for d in first}, TaskRounds(scored=100, pool=pool, why="decided"), tasks
+    )
+    bootstrap = Bootstrap(0.95, 200, 0, every=100, sequential=True)
+    for task, control in ((TASK, tasks[1]), (tasks[1], None)):
+        c = paired(task, base, build, threshold=Threshold(0.5), bootstrap=bootstrap, control=control, subset=True)
+        assert (c.n, c.pool) == (100, pool)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +96,7 @@ def test_documents_a_build_did_not_score_in_its_rounds_are_refused(tmp_path, tam
     pool = 400
     right = {d: float(d % 5 != 0) for d in range(pool)}
     base = _side(tmp_path / "base", right, TaskRounds(scored=pool, pool=pool, why="pool spent"))
-    order = document_order(TASK, pool, 0)
+    order = document_order(pool, 0)
     docs = order[200:] if tamper == "other documents" else order[:199]
     build = _side(tmp_path / "build", {d: right[d] for d in docs}, TaskRounds(scored=200, pool=pool, why="decided"))
     with pytest.raises(KeyError):
@@ -117,7 +142,7 @@ def test_a_build_is_scored_until_its_verdict_is_known(own_root):
     assert took.why == "decided" and took.scored < 300 and took.scored % 50 == 0
     folder = own_root / "artifacts/ref-small/int8/evaluate"
     ids = [json.loads(line)["doc_id"] for line in (folder / "samples_refkjv_next_verse.jsonl").open()]
-    assert ids == document_order("refkjv_next_verse", 1348, 0)[: took.scored]
+    assert ids == document_order(1348, 0)[: took.scored]
     assert done.n_samples["refkjv_next_verse"] == took.scored
 
     decision = decide(card)
