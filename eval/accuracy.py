@@ -145,6 +145,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     }
     args = model_args(cfg, backend, device)
     not_scored: dict[str, str] = {}
+    took: dict = {}  # tasks scored in rounds: how far each went
     if cfg.stop is not None and not cfg.one_at_a_time:
         raise ValueError("a stop rule judges the tasks one at a time: set one_at_a_time")
     if cfg.rounds is not None and not cfg.one_at_a_time:
@@ -156,7 +157,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
         from lm_eval.api.registry import get_model
 
         lm = get_model(backend).create_from_arg_obj(args, {"batch_size": common["batch_size"]})
-        out, judged, took = {}, set(), {}
+        out, judged = {}, set()
         names = list(cfg.tasks)
         pairs = (cfg.rounds.controls if cfg.rounds else {}).items()  # a control scored with its task, both in rounds
         controls = {c: t for t, c in pairs if t in tasks and c in tasks and _leaf(tasks[t]) and _leaf(tasks[c])}

@@ -140,7 +140,7 @@ def quality_against(card: ModelCard, decision: Decision, axis: str, how: str):
         ax.set_xlabel(decision.speed_axis)
         title = "quality against speed"
     title += f" (decides the ship: prefer {policy.prefer})" if deciding else ""
-    ax.set_ylabel(f"recovery, worst task\n({policy.confidence:.0%} paired bootstrap interval)")
+    ax.set_ylabel(f"recovery, worst task\n({_interval(policy)})")
     ax.set_title(f"{card.name}: {title}", fontsize=11)
     ax.text(0.0, -0.2, how, transform=ax.transAxes, fontsize=8, color=_GREY)
     ax.margins(x=0.15)
@@ -186,7 +186,7 @@ def cost_against_quality(card: ModelCard, decision: Decision, points: list[tuple
     ax.axhline(decision.policy.min_recovery, color=_GREY, lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("$ per million output tokens (card's prices), at one instance's best load within the objective")
-    ax.set_ylabel(f"recovery, worst task\n({decision.policy.confidence:.0%} paired bootstrap interval)")
+    ax.set_ylabel(f"recovery, worst task\n({_interval(decision.policy)})")
     title = f"{card.name}: quality against cost" + (
         " (decides the ship: prefer cost)" if decision.policy.prefer == "cost" else ""
     )
@@ -398,3 +398,10 @@ def agreement(card: ModelCard, decision: Decision, task: str):
 def close(figures) -> None:
     for fig in figures:
         plt.close(fig)
+
+
+def _interval(policy) -> str:
+    """What drew the recovery intervals drawn: the gate's confidence sequence, or its bootstrap."""
+    if policy.verdicts == "sequential":
+        return f"confidence sequence, {1 - policy.confidence:.0%} over the builds"
+    return f"{policy.confidence:.0%} paired bootstrap interval"
