@@ -12,6 +12,7 @@ any build is made.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -353,13 +354,19 @@ def _add_generated_ids(samples: dict[str, list[dict]], cfg: AccuracyConfig) -> N
     checkpoint's own tokenizer, the same for the offline and the served backend: what the length rule and
     the greedy departure position are counted in (eval/paired.py). The text is tokenized again, so a
     model that could tokenize its output another way is counted by the canonical tokenization."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = _tokenizer(cfg.checkpoint, cfg.trust_remote_code)
     for rows in samples.values():
         for row in rows:
             text = row["resps"][0][0]
             row[GENERATED_IDS] = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@functools.cache
+def _tokenizer(checkpoint: str, trust_remote_code: bool):
+    """The checkpoint's tokenizer, loaded once per evaluation (a task scored in rounds asks for it each round)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
 
 
 def _backend(backend: str, device: str) -> str:

@@ -209,13 +209,15 @@ class Generation:
 
 def _outputs(
     task: str, base: Scored, build: Scored, subset: bool, seed: int = 0
-) -> list[tuple[list[int], list[int]]] | None:
-    """(baseline's, build's) generated token ids per document, in one order; None where the task does not
-    generate. KeyError where the two were not scored on the same documents."""
+) -> tuple[list[tuple[list[int], list[int]]], int] | None:
+    """(baseline's, build's) generated token ids per document, in one order, and how many documents the baseline
+    generated for; None where the task does not generate. KeyError where the two were not scored on the same
+    documents."""
     base_ids, build_ids = generated(base.folder, base.result, task), generated(build.folder, build.result, task)
     if not base_ids:
         return None
-    return [(base_ids[d], build_ids[d]) for d in _common(task, base, build, base_ids, build_ids, subset, seed)]
+    docs = _common(task, base, build, base_ids, build_ids, subset, seed)
+    return [(base_ids[d], build_ids[d]) for d in docs], len(base_ids)
 
 
 def _common(task: str, base: Scored, build: Scored, base_docs: dict, build_docs: dict, subset: bool, seed: int) -> list:
@@ -243,8 +245,8 @@ def _common(task: str, base: Scored, build: Scored, base_docs: dict, build_docs:
 def agreement(task: str, base: Scored, build: Scored, *, subset: bool = False, seed: int = 0) -> Departures | None:
     """Where a generative task's outputs depart from `base`'s, document by document (None: it does not
     generate)."""
-    pairs = _outputs(task, base, build, subset, seed)
-    return None if pairs is None else Departures([departure(a, b) for a, b in pairs])
+    found = _outputs(task, base, build, subset, seed)
+    return None if found is None else Departures([departure(a, b) for a, b in found[0]])
 
 
 def generation(
@@ -252,10 +254,10 @@ def generation(
 ) -> Generation | None:
     """Output lengths (generated tokens) and departures of a generative task on the same documents; None
     where the task does not generate. KeyError where the two were not scored on the same documents."""
-    pairs = _outputs(task, base, build, subset, bootstrap.seed)
-    if pairs is None:
+    found = _outputs(task, base, build, subset, bootstrap.seed)
+    if found is None:
         return None
-    pool = len(generated(base.folder, base.result, task))
+    pairs, pool = found
     lengths = length_band(
         [len(a) for a, _ in pairs],
         [len(b) for _, b in pairs],

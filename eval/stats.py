@@ -188,9 +188,10 @@ def compare(
         point, lo, hi = increase  # type: ignore[misc]
         passed, failed = hi <= threshold, lo > threshold
     verdict = Verdict.PASS if passed else Verdict.FAIL if failed else Verdict.INCONCLUSIVE
-    need = samples_to_decide(n, point, lo, hi, threshold)
     extra: dict = {}
-    if sequence is not None:
+    if sequence is None:
+        need = samples_to_decide(n, point, lo, hi, threshold)
+    else:
         alpha, every, pool = sequence
         form, x, y, bounded = _form(metric, rule, higher_is_better, likelihood, a_num, b_num)
         side, _, (lo, hi), need = sequential.judge(

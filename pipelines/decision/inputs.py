@@ -161,19 +161,18 @@ def scored_tasks(card: ModelCard, *sides: Evaluated) -> list[str]:
 def generations(card: ModelCard, precision: str) -> dict[str, Generation]:
     """Every generative task of the card, the build against the baseline: output length and departures."""
     band = card.gate.max_length_change or 0.10  # shown at MLPerf's band where the policy does not gate it
-    subset = in_rounds(evaluation(card, precision)[1])
     return _each_task(
-        card, precision, lambda t, a, b: generation(t, a, b, band=band, bootstrap=judging(card), subset=subset)
+        card, precision, lambda t, a, b, subset: generation(t, a, b, band=band, bootstrap=judging(card), subset=subset)
     )
 
 
 def answer_flips(card: ModelCard, precision: str) -> dict[str, Flips]:
     """Every multiple-choice task of the card, the build against the baseline: how many answers changed."""
-    gate, subset = card.gate, in_rounds(evaluation(card, precision)[1])
+    gate = card.gate
     return _each_task(
         card,
         precision,
-        lambda t, a, b: flips(
+        lambda t, a, b, subset: flips(
             t, a, b, confidence=gate.confidence, metric=gate.task_metric.get(t), subset=subset, seed=gate.bootstrap_seed
         ),
     )
@@ -186,13 +185,16 @@ def in_rounds(done: Evaluated) -> bool:
     return done.config.rounds is not None
 
 
-def _each_task(card: ModelCard, precision: str, compare: Callable[[str, Scored, Scored], T | None]) -> dict[str, T]:
-    """`compare(task, baseline, build)` for every task both scored, where it applies (None: it does not)."""
+def _each_task(
+    card: ModelCard, precision: str, compare: Callable[[str, Scored, Scored, bool], T | None]
+) -> dict[str, T]:
+    """`compare(task, baseline, build, subset)` for every task both scored, where it applies (None: it does not);
+    `subset`: the build was scored in rounds (`in_rounds`)."""
     base, (build, done) = evaluation(card, card.gate.baseline), evaluation(card, precision)
     out = {}
     for task in scored_tasks(card, done, base[1]):
         try:
-            found = compare(task, base[0], build)
+            found = compare(task, base[0], build, in_rounds(done))
         except KeyError:
             raise QevalError(
                 f"gate: {card.name}@{precision} {task}: not the baseline's documents; rerun evaluate"
