@@ -33,14 +33,11 @@ HERE = Path(__file__).resolve().parent
 CHOICES = 4
 CONTEXT_VERSES = 3
 SEED = 20261130
-CONTINUE_ITEMS = 300  # greedy generation costs a forward per token: a sample of the verse pairs
+# Every task's pool is all the held-out text gives it: each task is scored in rounds of the gate's order until its
+# verdict is known (eval/rounds.py), so a build pays only for the documents its verdict needs, and a larger pool
+# lets a build half a point or more clear of its threshold be decided within it (docs/gate.md).
 CONTINUE_MAX_WORDS = 24  # continuations the task's max_gen_toks (64) holds whole
-NEEDLE_DRAWN = 100
-NEEDLE_EVERY = 2  # every second item drawn is kept: the documents the 100-item task scored, for half the time;
-# the report's documents-needed figure says how many each build's verdict takes, far fewer than are kept
-NEEDLE_ITEMS = NEEDLE_DRAWN // NEEDLE_EVERY
-LAST_WORD_EVERY = 2  # every second verse: in the report's documents-needed table every build's verdict took well
-# under half of the 1,411 items the held-out text gives (docs/results.md)
+NEEDLE_ITEMS = 200  # drawn from the verses whose rest is 3-24 words, each with a haystack of its own
 NEEDLE_PROMPT_TOKENS = 440  # with the 64 tokens the task may generate, the context's 512 positions all but filled
 TOKENIZER = HERE.parents[2] / "refmodel" / "ref-lm" / "tokenizer.json"
 
@@ -82,7 +79,7 @@ def last_word_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[
         choices = [word, *distractors]
         rng.shuffle(choices)
         items.append({"context": head, "choices": choices, "label": choices.index(word)})
-    return items[::LAST_WORD_EVERY]  # drawn for every verse, so that the kept items stay those of the whole task
+    return items
 
 
 def continue_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[dict]:
@@ -97,8 +94,7 @@ def continue_items(chapters: list[corpus.Chapter], rng: random.Random) -> list[d
                 continue
             start, rest = " ".join(words[:shown]), " ".join(words[shown:])
             items.append({"context": previous + "\n" + start, "target": " " + rest})
-    keep = sorted(rng.sample(range(len(items)), min(CONTINUE_ITEMS, len(items))))
-    return [items[i] for i in keep]  # in text order
+    return items  # every pair: an item's verse is the context of the next item's, a question of its own
 
 
 def needle_items(chapters: list[corpus.Chapter], rng: random.Random, needle: bool = True) -> list[dict]:
@@ -117,14 +113,12 @@ def needle_items(chapters: list[corpus.Chapter], rng: random.Random, needle: boo
         if 3 <= len(verse.split(" ")) - max(2, len(verse.split(" ")) // 3) <= CONTINUE_MAX_WORDS
     ]
     items = []
-    for k, (ci, verse) in enumerate(sorted(rng.sample(candidates, NEEDLE_DRAWN))):
+    for ci, verse in sorted(rng.sample(candidates, NEEDLE_ITEMS)):
         words = verse.split(" ")
         shown = max(2, len(words) // 3)
         start, rest = " ".join(words[:shown]), " ".join(words[shown:])
         others = [v for cj, c in enumerate(chapters) if cj != ci for v in c.text.split("\n")]
-        at = rng.randrange(len(others))  # drawn for every item, kept or not, so that the kept ones stay the same
-        if k % NEEDLE_EVERY:
-            continue
+        at = rng.randrange(len(others))
         hay: list[str] = []
         for v in others[at:] + others[:at]:
             if count("\n".join([verse, *hay, v, start])) > NEEDLE_PROMPT_TOKENS:
