@@ -15,6 +15,9 @@ users = requests/s x end-to-end latency at that load. Then
 the last two at the instance's highest-throughput load within the objective. A build that fits no device,
 or holds no user within the objective, says so instead of dividing by zero.
 
+Where no level missed the objective, the sweep stopped at a bound before finding the edge (eval/edge.py):
+its users are then at least the figure, and the devices and costs that rest on them at most theirs.
+
 A measured instance's users within the objective are a range (eval/serving.py, `users_interval`: from the
 users every judged level up to met, to one under the first level missed), so its cost is a range too
 (`bounds`): the conservative end holds the range's low end at the best throughput of the levels met, the
@@ -55,6 +58,8 @@ class PerInstance:
     how: str  # one phrase: where it was measured, or what the projection assumed
     users_range: tuple[int, int] | None = None  # measured on intervals: users within the objective for certain
     # (low) and not missed (high); None where projected or the levels were not judged so
+    at_least: str | None = None  # no level missed: `users` is a lower bound, and this is why the load went no
+    # higher (eval/edge.py); the devices and costs resting on it are then upper bounds
 
 
 @dataclass(frozen=True)
@@ -90,12 +95,15 @@ def _within(
     )
 
 
-def measured(levels: Mapping[int, LevelMetrics], *, devices: int = 1, how: str) -> PerInstance:
+def measured(
+    levels: Mapping[int, LevelMetrics], *, devices: int = 1, how: str, at_least: str | None = None
+) -> PerInstance:
     """One instance as a sweep measured it: its users within the objective (the largest level that met it,
     every lower one meeting it too: eval/serving.py), and the throughput of the highest-throughput level
-    among those; with the users' range where the levels were judged on intervals."""
+    among those; with the users' range where the levels were judged on intervals, and `at_least` where no
+    level missed (the sweep's bound: a lower bound on the users)."""
     per = _within(levels, max_users_at_slo(dict(levels)), devices, how, lambda m: True)
-    return replace(per, users_range=users_interval(dict(levels)))
+    return replace(per, users_range=users_interval(dict(levels)), at_least=at_least)
 
 
 def bounds(levels: Mapping[int, LevelMetrics], per: PerInstance) -> tuple[PerInstance, PerInstance] | None:

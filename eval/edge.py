@@ -8,6 +8,12 @@ level missed, until no gap is wider than `tolerance` users, the card's levels ar
 Levels judged too close to call (INCONCLUSIVE: eval/serving.py) stay inside the range, so the search narrows
 both ends of "users within the objective" rather than betting on one side.
 
+Where no level of the grid misses, the edge lies past it: the load is doubled from the highest level judged
+(GuideLLM's goodput profile does the same) until a level misses, then bisected as above. The raise stops at a
+bound: the card's `max_users`, the sequences the server has room for, the load generator's own ceiling, the
+sweep's levels or time. A search that stops so before any level missed has found no edge, and its figure is a
+lower bound ("at least 64 users"), said wherever it is shown, never the grid's top passed off as measured.
+
 A level's verdict rests on its p95s' intervals, which narrow as it gets more requests: a level gets another
 round of `requests_per_user` per user while either interval is wider than `interval_share` of its objective,
 up to `max_requests_per_user`, within the same time bound; the level says which of the three stopped it. A
@@ -45,15 +51,18 @@ class EdgeSearch(BaseModel):
     max_s: float = Field(
         120, gt=0, description="a sweep's time after which it adds no request or level (the grid runs whole)"
     )
+    max_users: int = Field(
+        256, ge=1, description="where no level misses, the load is doubled past the grid up to this many users"
+    )
 
 
-def next_level(verdicts: Mapping[int, Verdict], tolerance: int) -> int | None:
-    """The next concurrency to judge, or None when the edge is found within `tolerance` users (or no level
-    missed the objective: the grid found no edge to narrow)."""
+def next_level(verdicts: Mapping[int, Verdict], tolerance: int, limit: int = 0) -> int | None:
+    """The next concurrency to judge, or None when the edge is found within `tolerance` users. Where no level
+    missed the objective, twice the highest level judged, at most `limit` users (None at the limit)."""
     levels = sorted(verdicts)
     missed = next((c for c in levels if verdicts[c] == Verdict.FAIL), None)
     if missed is None:
-        return None
+        return min(2 * levels[-1], limit) if levels and levels[-1] < limit else None
     met = 0  # the largest level met with every level below it met
     for c in levels:
         if verdicts[c] != Verdict.PASS:
@@ -77,3 +86,12 @@ SIZED = "p95 intervals within {share:.0%} of the objective"
 MISSED = "missed wholly"
 CAPPED = "stopped at the card's {n} requests per user"
 TIMED = "stopped at the card's {s:g} s for a sweep"
+
+# Why the load was raised no further though no level missed (the figure is then a lower bound)
+AT_USERS = "the card's max_users ({n})"
+AT_ROOM = "the server's room for {n} sequences of this length"
+AT_GENERATOR = "the load generator's ceiling ({chunks:.0f} chunks/s, under 10x the server's {tps:.0f} tokens/s)"
+AT_CEILING = "the {n} users the load generator's ceiling was measured at"
+AT_LEVELS = "the card's {n} levels past the grid"
+AT_TIME = "the card's {s:g} s for a sweep"
+AT_GRID = "the grid's top (no search past it)"

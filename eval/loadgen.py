@@ -214,7 +214,7 @@ def prompts_needed(load: LoadSettings) -> int:
     none is served from the prefix cache a previous one filled."""
     top = max(load.concurrency)
     per_user = max(load.requests_per_user, load.edge.max_requests_per_user if load.edge else 0)
-    added = load.edge.levels * top * per_user if load.edge else 0
+    added = load.edge.levels * max(top, load.edge.max_users) * per_user if load.edge else 0  # none past that
     return (1 + top * load.warmup if load.warmup else 0) + sum(c * per_user for c in load.concurrency) + added
 
 
@@ -287,7 +287,9 @@ async def _levels(cfg, prompts, progress, starting, more, then, stalls) -> list[
     import aiohttp
 
     used = 0  # prompts taken so far: each request takes the next one
-    connector = aiohttp.TCPConnector(limit=max(cfg.concurrency) + 4)
+    # no pool limit: the workers bound the requests in flight, levels past the grid (eval/edge.py) included; a
+    # limit under a level's users would queue its requests for a connection, a wait the server never caused
+    connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         if cfg.warmup:  # one request first (it may load the model), then a round at the highest concurrency
             first = await one_request(session, cfg, prompts[0], 0, 0, cfg.warmup_timeout_s)

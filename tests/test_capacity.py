@@ -207,6 +207,27 @@ def test_users_within_the_objective_as_a_range_make_cost_a_range_by_hand():
     assert bounds({1: level(True, 50, 1.0, 1000)}, measured({1: level(True, 50, 1.0, 1000)}, how="x")) is None
 
 
+def test_a_sweep_that_found_no_edge_gives_a_lower_bound_and_costs_at_most():
+    """Every level met and the search past the grid stopped at a bound: the users a lower bound, the devices
+    and $ that rest on them upper bounds, said so in the table's cell, the gate's figure and its speed line."""
+    from pipelines.present.capacity import Cell, cell_text
+    from pipelines.present.formats import speed, users_count
+
+    P = Verdict.PASS
+    why = "the card's max_users (64)"
+    levels = {1: _judged(P, 30), 4: _judged(P, 100), 16: _judged(P, 300), 64: _judged(P, 900)}
+    per = measured(levels, how="by hand", at_least=why)
+    assert (per.users, per.at_least) == (64, why)
+    c = cost(per, 128, 0.10)
+    text = cell_text(Cell("cpu", per, c, 0.10, None))
+    assert text.startswith("at most 2 machines (at least 64 users each): at most $0.200/h") and why in text
+    figure = CostFigure("cpu", True, 64, 2, 0.2, c.usd_per_mtok, None, at_most=why)
+    assert figure.text().startswith("at most $") and why in figure.text()
+    speed_line = speed(Measured(50.0, 1.0, 1.0, Execution.NATIVE, "server", users_at_slo=64, users_bound=why))
+    assert "at least 64 users within the SLO" in speed_line
+    assert users_count(64) == "64 users" and users_count(1, why) == "at least 1 user"
+
+
 def _ranged(name: str, weights: float, usd: tuple[float | None, float | None]) -> BuildVerdict:
     cost = CostFigure("cpu", True, 8, 8, 0.8, usd[0], None, (6, 16), usd)
     speed = Measured(50.0, weights + 1, weights, Execution.NATIVE, cost=cost)

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from eval.edge import EdgeSearch, next_level, too_wide
+from eval.edge import AT_USERS, EdgeSearch, next_level, too_wide
 from eval.serving import LevelMetrics, users_interval
 from eval.stats import Verdict
 
@@ -27,7 +27,12 @@ def test_the_next_level_bisects_the_widest_gap_by_hand():
     assert next_level({1: P, 4: U, 10: U, 16: F}, 1) == 13
     assert next_level({1: U, 4: F}, 1) == 2  # from no user for certain
     assert next_level({1: F, 4: F}, 1) is None  # not even one user: nothing below to look at
-    assert next_level({1: P, 4: P, 16: P}, 1) is None  # none missed: no edge within the grid
+    assert next_level({1: P, 4: P, 16: P}, 1) is None  # none missed, and no raise past the grid allowed
+    assert next_level({1: P, 4: P, 16: P}, 1, 256) == 32  # none missed: the load doubled past the grid
+    assert next_level({1: P, 4: P, 16: U}, 1, 256) == 32  # too close to call is no miss: raised too
+    assert next_level({1: P, 4: P, 16: P, 32: P, 64: P}, 1, 100) == 100  # up to the bound
+    assert next_level({1: P, 4: P, 16: P, 100: P}, 1, 100) is None  # at the bound: a lower bound, no edge
+    assert next_level({1: P, 4: P, 16: P, 32: F}, 1, 256) == 24  # a miss: bisected as within the grid
     assert next_level({1: P, 4: F, 16: P}, 1) == 2  # a level met above one missed does not count
 
 
@@ -47,6 +52,28 @@ def test_the_search_finds_a_known_edge_within_its_levels(grid):
         met = max((c for c in grid if c <= edge), default=0)
         missed = min(c for c in grid if c > edge)
         assert added <= math.ceil(math.log2(missed - met)), (grid, edge, added)
+
+
+@pytest.mark.parametrize("limit", [64, 256])
+def test_the_search_past_the_grid_finds_an_edge_beyond_it_or_stops_at_its_bound(limit):
+    """A judge whose edge is past the grid's top: doubling then bisection find it exactly, in at most
+    log2(limit / top) doublings and log2(limit / 2) bisections; an edge at or past `limit` is not
+    found, and the search stops at the limit with every level met (a lower bound)."""
+    grid = (1, 4, 16)
+    for edge in (16, 17, 31, 32, 40, 63, 64, 100, 255, 300):
+        verdicts = {c: P if c <= edge else F for c in grid}
+        added = 0
+        while (c := next_level(verdicts, 1, limit)) is not None:
+            assert c not in verdicts and c <= limit
+            verdicts[c] = P if c <= edge else F
+            added += 1
+        judged = {c: LevelMetrics(requests=1, failed=0, meets_slo=v == P, slo_verdict=v) for c, v in verdicts.items()}
+        if edge >= limit:
+            assert F not in verdicts.values() and max(verdicts) == limit and users_interval(judged) == (limit, limit)
+            continue
+        assert users_interval(judged) == (edge, edge), (edge, verdicts)
+        # doublings from 16 to the first miss, then a bisection of a gap of at most half the limit
+        assert added <= math.ceil(math.log2(limit / 16)) + math.ceil(math.log2(limit / 2)), (edge, added)
 
 
 def test_a_level_is_sized_on_its_intervals_width():
@@ -112,6 +139,27 @@ def test_a_sweep_finds_the_edge_of_a_server_whose_latency_grows_with_its_users(t
 
 @pytest.mark.integration
 @pytest.mark.quiet
+def test_a_sweep_finds_an_edge_past_its_grid_or_says_its_figure_is_a_lower_bound(tmp_path):
+    """The stub's first token waits 10 ms per request in flight: with TTFT p95 <= 415 ms the edge is 40 users
+    (400 ms, and the stub's own few ms), past the grid 1, 4, 16, which every level meets. The search raises the
+    load (32 met, 64 missed) and bisects to the edge. With max_users 32 it stops there, no level missed: the
+    figure is at least 32, and says why."""
+    search = EdgeSearch(levels=10, tolerance=1, interval_share=0.1, max_requests_per_user=3, max_s=120)
+    summary = _sweep_stub(tmp_path, search, 10, 415)
+    levels = summary["per_level"]
+    lo, hi = summary["users_at_slo_interval"]
+    # to the user, or a user or two under it where a busy machine adds to the stub's own few ms
+    assert 38 <= lo <= hi <= 40, {c: (m.ttft_ms_p95, m.slo_verdict) for c, m in levels.items()}
+    assert {32, 64} <= set(levels) and levels[64].slo_verdict == F and summary["users_bound"] is None
+
+    (tmp_path / "capped").mkdir()
+    capped = _sweep_stub(tmp_path / "capped", search.model_copy(update={"max_users": 32}), 10, 415)
+    assert set(capped["per_level"]) == {1, 4, 16, 32} and capped["max_users_at_slo"] == 32
+    assert capped["users_bound"] == AT_USERS.format(n=32)
+
+
+@pytest.mark.integration
+@pytest.mark.quiet
 def test_later_server_starts_sweep_the_levels_the_first_judged(tmp_path):
     """Two starts of the stub (server.starts): the first adds a level toward the edge; the second is a fresh server
     that sweeps the same levels with as many requests, its records numbered by start; the summary judges the
@@ -158,8 +206,8 @@ def test_later_server_starts_sweep_the_levels_the_first_judged(tmp_path):
 def test_a_level_gets_more_requests_while_its_interval_is_wide_within_the_cards_bounds(tmp_path, max_s, per_user, says):
     """An interval share no level reaches: every level is given rounds up to the card's requests per user, or
     none past its first where the card's time is spent (the grid still runs whole), and says which; no level
-    is added where the grid finds no edge."""
-    search = EdgeSearch(levels=3, interval_share=1e-6, max_requests_per_user=6, max_s=max_s)
+    is added where the grid finds no edge and the card raises the load no further."""
+    search = EdgeSearch(levels=3, interval_share=1e-6, max_requests_per_user=6, max_s=max_s, max_users=16)
     levels = _sweep_stub(tmp_path, search, 5, 1000)["per_level"]
     assert set(levels) == {1, 4, 16}
     for c, m in levels.items():
@@ -204,5 +252,6 @@ def test_the_report_says_the_range_the_levels_added_and_why_each_has_its_request
     )
     assert "4 to 9 users; levels 8, 10 added toward the objective's edge" in text
     assert f"requests per level: {ok} (3 levels); {hit} (2 levels)" in text
-    beyond = users_range(served({1: judged(P, ok), 4: judged(P, ok), 16: judged(P, ok)}))
-    assert "16 to 16 users (none missed: the edge lies beyond the largest level judged)" in beyond
+    bound = AT_USERS.format(n=16)
+    beyond = served({1: judged(P, ok), 4: judged(P, ok), 16: judged(P, ok)}).model_copy(update={"users_bound": bound})
+    assert f"at least 16 users (none missed up to 16: the sweep stopped at {bound})" in users_range(beyond)

@@ -53,6 +53,7 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
         goodput=_level(card, precision, served).goodput_rps if swept else None,
         users_at_slo=served.max_users_at_slo if served else None,
         users_range=served.users_at_slo_interval if served else None,
+        users_bound=served.users_bound if served else None,
         cost=capacity.cost_figure(card, precision),
     )
     return m, float(bench.engine.weight_bytes)

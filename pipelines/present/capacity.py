@@ -55,16 +55,18 @@ class Table:
     rows: list[Row]
 
 
-Found = tuple[str, dict[int, LevelMetrics], str]
+Found = tuple[str, dict[int, LevelMetrics], str, str | None]
 
 
 def _measured(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found | None:
-    """(device, levels, how) of the sweep that measured the build in this scenario: the serve stage's of the
-    real checkpoint (its prompt possibly cut to the model's positions), else the shape stage's."""
+    """(device, levels, how, why no edge was found) of the sweep that measured the build in this scenario: the
+    serve stage's of the real checkpoint (its prompt possibly cut to the model's positions), else the shape
+    stage's."""
     served = result_of(card.name, precision, Served)
     if served and served.vllm and served.load.output_len == sc.output_len and served.load.input_len <= sc.input_len:
         device = served.device or CPU
-        return device, served.per_level, f"measured: {served.engine_version or served.engine} sweep on {device}"
+        how = f"measured: {served.engine_version or served.engine} sweep on {device}"
+        return device, served.per_level, how, served.users_bound
     shaped = result_of(card.name, precision, AtShape)
     sweep = shaped.scenarios.get(name) if shaped else None
     if sweep is None:
@@ -72,7 +74,7 @@ def _measured(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found
     device = shaped.device or CPU
     probed = " (probed at one user: too slow to sweep)" if sweep.probe else ""
     how = f"measured: random weights at the shape, {shaped.engine_version} on {device}{probed}"
-    return device, sweep.per_level, how
+    return device, sweep.per_level, how, sweep.users_bound
 
 
 def _shape(card: ModelCard) -> tuple[Shape | None, int | None]:
@@ -115,8 +117,8 @@ def cells_of(card: ModelCard, precision: str) -> tuple[dict[str, Cell], dict[int
     slo = card.speed.slo_of(sc)
     cells, levels = {}, None
     if found := _measured(card, precision, name, sc):
-        device, levels, how = found
-        cells[device] = _cell(card, device, capacity.measured(levels, how=how), levels)
+        device, levels, how, bound = found
+        cells[device] = _cell(card, device, capacity.measured(levels, how=how, at_least=bound), levels)
     sized = result_of(card.name, precision, Sized)
     if sized is not None and shape is not None:
         a = dataclasses.replace(sized.assumptions, mbu=t.projected_mbu, mfu=t.projected_mfu)
@@ -157,6 +159,7 @@ def cost_figure(card: ModelCard, precision: str) -> CostFigure | None:
         usd_per_hour=c.usd_per_hour,
         usd_per_mtok=c.usd_per_mtok,
         why=c.why,
+        at_most=per.at_least if per else None,
         devices_range=(ends[1].devices, ends[0].devices) if ends else None,
         usd_per_mtok_range=(ends[1].usd_per_mtok, ends[0].usd_per_mtok)
         if ends and c.usd_per_mtok is not None
@@ -225,13 +228,16 @@ def cell_text(cell: Cell) -> str:
     what += f", TP {per.devices}" if per.devices > 1 else ""
     where = "measured" if per.measured else "projected"
     users = f"{per.users:,}{_span(per.users_range if ends else None, str)} user{'s' if per.users > 1 else ''} each"
+    if per.at_least:  # no level missed: the users a lower bound, what rests on them an upper one
+        what, users, where = f"at most {what}", f"at least {users}", f"{where}; none missed, stopped at {per.at_least}"
     if c.usd_per_hour is None:
         hours = f"{c.devices} device-hour{'s' if c.devices > 1 else ''} per hour"
         return f"{what} ({users}; {hours}, no price in the card; {where})"
     mtok = _span(ends and tuple(e.usd_per_mtok for e in ends), _usd)
+    most = "at most " if per.at_least else ""
     return (
-        f"{what} ({users}): {_usd(c.usd_per_hour)}/h, {_usd(c.usd_per_mtok)}{mtok} per 1M output tokens, "
-        f"{_usd(1000 * c.usd_per_request)} per 1,000 requests ({where})"
+        f"{what} ({users}): {most}{_usd(c.usd_per_hour)}/h, {most}{_usd(c.usd_per_mtok)}{mtok} per 1M output "
+        f"tokens, {most}{_usd(1000 * c.usd_per_request)} per 1,000 requests ({where})"
     )
 
 
@@ -276,6 +282,7 @@ def columns(tab: Table) -> dict[str, list]:
             "users_per_instance",
             "users_lo",
             "users_hi",
+            "users_at_least",
             "devices",
             "usd_per_hour",
             "usd_per_mtok",
@@ -297,6 +304,7 @@ def columns(tab: Table) -> dict[str, list]:
                 source,
                 per.users if per else 0,
                 *users,
+                per.at_least if per else None,
                 c.devices,
                 c.usd_per_hour,
                 c.usd_per_mtok,

@@ -68,8 +68,9 @@ def ms(value: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
 
 
-def users_count(n: int) -> str:
-    return f"{n} user" + ("" if n == 1 else "s")
+def users_count(n: int, bound: str | None = None) -> str:
+    """ "5 users"; "at least 64 users" where no level missed and the sweep stopped at `bound` (eval/edge.py)."""
+    return ("at least " if bound else "") + f"{n} user" + ("" if n == 1 else "s")
 
 
 def emulated(execution: Execution) -> bool:
@@ -80,7 +81,7 @@ def emulated(execution: Execution) -> bool:
 def speed(m: Measured) -> str:
     """The speed figure the gate used, with its unit, and how it ran."""
     if m.regime == "server":
-        users = "" if m.users_at_slo is None else f", {users_count(m.users_at_slo)} within the SLO"
+        users = "" if m.users_at_slo is None else f", {users_count(m.users_at_slo, m.users_bound)} within the SLO"
         figure = f"goodput {m.goodput or 0:.3g} req/s{users}"
     else:
         figure = f"{m.decode_tps:.4g} tok/s per user"

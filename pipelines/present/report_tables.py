@@ -47,7 +47,8 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
             cols[f"{task} recovery [interval]"].append("not scored" if b and task in b.not_scored else shown)
         cols[f"decode tok/s per user, batch {decision.policy.speed_batch}"].append(f"{speed.decode_tps:.4g}")
         cols[f"server goodput req/s, {users} users"].append("" if speed.goodput is None else f"{speed.goodput:.3g}")
-        cols["users at SLO"].append("" if speed.users_at_slo is None else str(speed.users_at_slo))
+        at_least = "at least " if speed.users_bound else ""
+        cols["users at SLO"].append("" if speed.users_at_slo is None else f"{at_least}{speed.users_at_slo}")
         cols["speed-up"].append(f"{up:.2f}x" if up is not None else "")
         cols["weights"].append(formats.size(speed.weights_gb))
         cols["peak"].append(formats.size(speed.peak_gb))
@@ -75,7 +76,9 @@ def short_table(decision: Decision) -> list[str]:
             worst = f"{c.recovery[0]:.4f} [{c.recovery[1]:.4f}, {c.recovery[2]:.4f}] {task}"
         figure = f"{m.goodput or 0:.3g}" if m.regime == "server" else f"{m.decode_tps:.4g}"
         users = "" if m.users_at_slo is None else str(m.users_at_slo)
-        if m.users_range is not None and users:
+        if m.users_bound and users:
+            users = f"at least {users}"
+        elif m.users_range is not None and users:
             users += f" [{m.users_range[0]}, {m.users_range[1]}]"
         lines.append(
             f"| {precision} | {verdict} | {worst} | {formats.size(m.weights_gb)} | {figure} | {users} | {m.execution} |"
@@ -95,8 +98,8 @@ def slo_limits(card: ModelCard) -> list[str]:
             continue
         missed = next(((c, m) for c, m in sorted(served.per_level.items()) if not m.meets_slo), None)
         if missed is None:
-            held = formats.users_count(served.max_users_at_slo)
-            lines.append(f"- {p}: {held}, every level within the objective ({served.execution}){_range(served)}")
+            held = formats.users_count(served.max_users_at_slo, served.users_bound)
+            lines.append(f"- {p}: {held}, no level missed ({served.execution}){_range(served)}")
             continue
         c, m = missed
         why = []
@@ -130,8 +133,9 @@ def users_range(served: Served) -> str:
         return ""
     lo, hi = served.users_at_slo_interval
     text = f"on the p95s' 95 % intervals over requests, {lo} to {hi} users"
-    if not any(m.slo_verdict == Verdict.FAIL for m in served.per_level.values()):
-        text += " (none missed: the edge lies beyond the largest level judged)"
+    if served.users_bound:
+        text = f"on the p95s' 95 % intervals over requests, at least {lo} users (none missed up to {hi}: the sweep "
+        text += f"stopped at {served.users_bound})"
     if added := sorted(set(served.per_level) - set(served.load.concurrency)):
         text += f"; levels {', '.join(map(str, added))} added toward the objective's edge"
     if sizing := Counter(m.sizing for m in served.per_level.values() if m.sizing):

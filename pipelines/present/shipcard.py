@@ -128,10 +128,12 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
                 f"| {view} |"
             )
         if within := users_range(served):
-            lines += ["", f"Users within the objective: {served.max_users_at_slo} by the p95s themselves; {within}."]
+            held = formats.users_count(served.max_users_at_slo, served.users_bound)
+            lines += ["", f"Users within the objective: {held} by the p95s themselves; {within}."]
     if shaped is not None:
         for name, sw in shaped.scenarios.items():
-            held = "probed, too slow to sweep" if sw.probe else f"{sw.max_users_at_slo} users within the objective"
+            within = f"{formats.users_count(sw.max_users_at_slo, sw.users_bound)} within the objective"
+            held = "probed, too slow to sweep" if sw.probe else within
             lines += [
                 "",
                 f"- {shaped.weights}, scenario {name} ({sw.load.input_len} in, {sw.load.output_len} out): "

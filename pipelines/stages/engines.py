@@ -263,18 +263,20 @@ def transformers_command(
     max_sequences: int = 64,
     input_len: int = 2048,
     output_len: int = 256,
+    batch_sequences: int | None = None,
 ) -> list[str]:
     """`transformers serve --continuous-batching` for `checkpoint` on 127.0.0.1.
 
     On a CPU, transformers' continuous batching sizes its KV cache from the machine's free memory (12 GB
     of 24 here, which the kernel's OOM killer took back once other work ran): the cache is sized for
-    the sweep instead, `max_sequences` of input + output tokens with room to spare.
+    the sweep instead, `max_sequences` of input + output tokens with room to spare, and a batch's tokens for
+    `batch_sequences` prompts (the grid's top; None: `max_sequences`).
     """
     cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", checkpoint, "--continuous-batching"]
     cmd += ["--host", "127.0.0.1", "--port", port, "--device", device, "--log-level", "info"]
     if device == "cpu":
         blocks = 2 * max_sequences * -(-(input_len + output_len) // CB_BLOCK) + 8
-        batch_tokens = min(8192, max(512, max_sequences * input_len))
+        batch_tokens = min(8192, max(512, (batch_sequences or max_sequences) * input_len))
         cmd += ["--cb-num-blocks", str(blocks)]
         cmd += ["--cb-max-batch-tokens", str(batch_tokens)]
     return cmd + (["--trust-remote-code"] if trust_remote_code else [])
@@ -293,6 +295,16 @@ def kernels_from_log(text: str, precision: str, device: Device) -> list[LinearKe
         how = execution(precision, device, kernel)
         seen.setdefault((kernel, method), LinearKernel(kernel=kernel, method=method, execution=how))
     return list(seen.values())
+
+
+_KV_SIZE = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+def kv_room(text: str, tokens_per_request: int) -> int | None:
+    """The requests of `tokens_per_request` tokens whose KV cache vLLM's log says it holds at once (its "KV cache
+    size: N tokens", vllm/v1/core/kv_cache_utils.py); None where the log does not say."""
+    sizes = _KV_SIZE.findall(text)
+    return int(sizes[-1].replace(",", "")) // tokens_per_request if sizes else None
 
 
 def served_execution(precision: str, device: Device, kernels: list[LinearKernel]) -> Execution:

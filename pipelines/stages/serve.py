@@ -294,7 +294,7 @@ def _sweep(
     seen = sweep.Seen()  # the server's own view of each level, where it exports vLLM's metrics; their sizing
     if launch is None:
         model = served_model(url or "", checkpoint)
-        records = sweep.run_levels(label, url or "", model, load, prompts, slo, where, seen)
+        records = sweep.run_levels(label, url or "", model, load, prompts, slo, where, seen, ceiling=ceiling)
         sweep.check_alive(label, url or "", records, out, where)
     else:
         cmd, env = launch
@@ -309,7 +309,10 @@ def _sweep(
 
         log.info("starting %s (log: %s)", what, out / "server.log")
         with start(out / "server.log") as base:
-            records = sweep.run_levels(label, base, checkpoint, load, prompts, slo, where, seen)
+            room = _room(engine, load, out / "server.log")
+            records = sweep.run_levels(
+                label, base, checkpoint, load, prompts, slo, where, seen, room=room, ceiling=ceiling
+            )
             sweep.check_alive(label, base, records, out, where)
             if scored is not None:
                 log.info("%s: lm-eval %s against the server", label, ", ".join(scored.tasks))
@@ -334,12 +337,27 @@ def _sweep(
     return served.model_copy(update={"accuracy": scores})
 
 
+def _room(engine: str, load: loadgen.LoadSettings, server_log: Path) -> int | None:
+    """The sequences of the sweep's lengths the server qeval started can hold at once: vLLM's KV cache as its log
+    says, the sequences transformers serve was sized for (_transformers)."""
+    if engine == "vllm":
+        return engines.kv_room(server_log.read_text(errors="replace"), load.input_len + load.output_len)
+    return _sequences(load)
+
+
+def _sequences(load: loadgen.LoadSettings) -> int:
+    """The sequences transformers serve's cache is sized for: the grid's top, or as far as the edge search may
+    raise the load past it."""
+    return max(*load.concurrency, load.edge.max_users if load.edge else 0)
+
+
 def _transformers(card: ModelCard, checkpoint: str, load: loadgen.LoadSettings, device: Device) -> list[str]:
     return engines.transformers_command(
         checkpoint,
         card.source.trust_remote_code,
         device=device.kind,
-        max_sequences=max(load.concurrency),
+        max_sequences=_sequences(load),
+        batch_sequences=max(load.concurrency),
         input_len=load.input_len,
         output_len=load.output_len,
     )

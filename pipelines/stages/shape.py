@@ -34,7 +34,7 @@ from pipelines.core.framework.runner import run_stage
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.framework.weights import architecture_config
 from pipelines.core.store.manifests import StageRecord
-from pipelines.core.store.results import AtShape, DecodeCeiling, Probe, ScenarioSweep, VllmSettings
+from pipelines.core.store.results import AtShape, DecodeCeiling, GeneratorCeiling, Probe, ScenarioSweep, VllmSettings
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.files import file_digest
@@ -206,12 +206,12 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         top = 4 * max(s.concurrency)
         ceiling = sweep.generator_ceiling(out, top, 4)
         where = f"its log {out / 'server.log'}"
-        swept: dict[str, tuple[Probe, list[serving.RequestRecord]]] = {}
+        swept: dict[str, tuple[Probe, list[serving.RequestRecord], sweep.Seen]] = {}
         if cannot:
             # recorded as holding no users, with the reason, as a build too slow to sweep is; not started
             log.warning("%s: %s; not run", label, cannot)
             probe = Probe(output_len=0, ttft_ms=None, tpot_ms=None, too_slow=True, why=f"{cannot}; not run")
-            swept = {name: (probe, []) for name in points}
+            swept = {name: (probe, [], sweep.Seen()) for name in points}
             kernels, how = [], Execution.UNKNOWN
         else:
             cmd, env = engines.vllm_command(vllm.python, str(build), settings, trust_remote_code=False)
@@ -228,14 +228,19 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
                 for name, (load, objective, capped) in points.items():
                     if capped:
                         log.info("%s, scenario %s: %s", label, name, capped)
-                    swept[name] = _scenario(f"{label}, scenario {name}", base, str(build), arch, load, objective, where)
+                    room = engines.kv_room(
+                        (out / "server.log").read_text(errors="replace"), load.input_len + load.output_len
+                    )
+                    swept[name] = _scenario(
+                        f"{label}, scenario {name}", base, str(build), arch, load, objective, where, room, ceiling
+                    )
                     sweep.check_alive(label, base, swept[name][1], out, where)
             kernels, how = sweep.vllm_kernels(label, out / "server.log", precision, device)
         scenarios = {}
-        for name, (probe, records) in swept.items():
+        for name, (probe, records, seen) in swept.items():
             load, objective, capped = points[name]
             serving.write_csv(records, out / f"requests-{name}.csv")
-            summary = sweep.levels_summary(records, serving.Slo(objective.ttft_ms, objective.tpot_ms), ceiling)
+            summary = sweep.levels_summary(records, serving.Slo(objective.ttft_ms, objective.tpot_ms), ceiling, seen)
             one = summary["per_level"].get(1)
             tpot = one.tpot_ms_p50 if one and one.tpot_ms_p50 else probe.tpot_ms
             at = decode_ceiling(
@@ -287,6 +292,7 @@ def _loads(card: ModelCard, positions: int | None) -> dict[str, tuple[loadgen.Lo
         "warmup": srv.warmup,
         "exact_length": "ignore_eos",
         "timeout_s": srv.timeout_s,
+        "edge": srv.edge,
     }
     return {
         name: (loadgen.LoadSettings(**common, input_len=sc.input_len, output_len=sc.output_len), s.slo_of(sc), capped)
@@ -295,9 +301,18 @@ def _loads(card: ModelCard, positions: int | None) -> dict[str, tuple[loadgen.Lo
 
 
 def _scenario(
-    label: str, base: str, model: str, arch: dict, load: loadgen.LoadSettings, objective: Slo, where: str
-) -> tuple[Probe, list[serving.RequestRecord]]:
-    """One scenario on the running server: the probe, then the levels unless the probe found it too slow."""
+    label: str,
+    base: str,
+    model: str,
+    arch: dict,
+    load: loadgen.LoadSettings,
+    objective: Slo,
+    where: str,
+    room: int | None,
+    ceiling: GeneratorCeiling,
+) -> tuple[Probe, list[serving.RequestRecord], sweep.Seen]:
+    """One scenario on the running server: the probe, then the levels (past the grid toward the objective's edge,
+    as the serve stage's: eval/edge.py) unless the probe found it too slow."""
     prompts = loadgen.token_prompts(
         int(arch["vocab_size"]), loadgen.prompts_needed(load) + 2, load.input_len, avoid=_special_ids(arch)
     )
@@ -306,7 +321,14 @@ def _scenario(
     log.info(
         "%s: probe at one user: TTFT %s ms, TPOT %s ms: %s", label, _ms(probe.ttft_ms), _ms(probe.tpot_ms), probe.why
     )
-    return probe, [] if probe.too_slow else sweep.run_levels(label, base, model, load, prompts, slo, where)
+    seen = sweep.Seen()
+    if probe.too_slow:
+        return probe, [], seen
+    return (
+        probe,
+        sweep.run_levels(label, base, model, load, prompts, slo, where, seen, room=room, ceiling=ceiling),
+        seen,
+    )
 
 
 def _probe(
@@ -320,6 +342,7 @@ def _probe(
             "warmup": 0,
             "output_len": PROBE_TOKENS,
             "timeout_s": PROBE_TIMEOUT_S,
+            "edge": None,
         }
     )
     records = sweep.run_levels(f"{label} probe", base, model, short, prompts, slo, where)

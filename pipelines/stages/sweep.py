@@ -79,6 +79,7 @@ class Seen:
 
     views: dict[int, server_view.ServerView] = field(default_factory=dict)
     sizing: dict[int, str] = field(default_factory=dict)
+    bound: str | None = None  # why the load was raised no further (eval/edge.py, AT_*), where no level missed
 
 
 def run_levels(
@@ -91,14 +92,19 @@ def run_levels(
     where: str,
     seen: Seen | None = None,
     fixed: dict[int, int] | None = None,
+    room: int | None = None,
+    ceiling: GeneratorCeiling | None = None,
 ) -> list[serving.RequestRecord]:
     """Sweep the server at `base_url` over `load`'s levels, a progress line per level, then (where `load.edge`
-    says) the levels that bisect toward the objective's edge, each level with the requests its p95s' intervals
-    need (eval/edge.py); `where` names what to read when it fails (its log, or the URL of a server the user
-    runs). `seen`, where given, gets the server's own view of each level and why it has its requests. `fixed`
+    says) the levels that raise the load past the grid while none misses and those that bisect toward the
+    objective's edge, each level with the requests its p95s' intervals need (eval/edge.py); the raise goes no
+    further than the sequences the server has `room` for, nor than the generator's `ceiling` holds. `where`
+    names what to read when it fails (its log, or the URL of a server the user runs). `seen`, where given, gets
+    the server's own view of each level, why it has its requests and why the load went no higher. `fixed`
     (users -> requests) sweeps those levels instead, with those requests each, and adds none."""
     before: dict[int, server_view.Snapshot | None] = {}
     verdicts: dict[int, serving.Verdict] = {}
+    levels_tps: dict[int, float] = {}
     if fixed:
         load = load.model_copy(update={"concurrency": sorted(fixed), "edge": None})
     search = load.edge
@@ -142,7 +148,14 @@ def run_levels(
         if seen is not None and before.get(c) is not None and (after := server_view.read(base_url)) is not None:
             seen.views[c] = server_view.between(before[c], after)
         m = serving.level_metrics(level, slo)
-        verdicts[c] = m.slo_verdict
+        verdicts[c] = (
+            m.slo_verdict
+            if m.slo_verdict is not None
+            else serving.Verdict.PASS
+            if m.meets_slo
+            else serving.Verdict.FAIL
+        )
+        levels_tps[c] = m.output_tps or 0.0
         log.info(
             "%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s, %s",
             label,
@@ -181,12 +194,23 @@ def run_levels(
                 f"asked lengths ({bad[0]}): the level measures something else; see {where}"
             )
 
+    def stop(why: str) -> None:
+        if seen is not None and serving.Verdict.FAIL not in verdicts.values():
+            seen.bound = why
+
     def then() -> int | None:
         nonlocal added
-        if search is None or added >= search.levels or not in_time():
-            return None
-        c = edge.next_level(verdicts, search.tolerance)
-        if c is not None:
+        if search is None:
+            return stop(edge.AT_GRID)
+        if added >= search.levels:
+            return stop(edge.AT_LEVELS.format(n=search.levels))
+        if not in_time():
+            return stop(edge.AT_TIME.format(s=search.max_s))
+        limit, why = _raise_limit(search, room, ceiling, levels_tps)
+        c = edge.next_level(verdicts, search.tolerance, limit)
+        if c is None:
+            stop(why)
+        else:
             added += 1
             log.info(
                 "%s: concurrency %d next, toward the objective's edge (added level %d of %d)",
@@ -202,6 +226,23 @@ def run_levels(
         return loadgen.sweep(cfg, prompts, level_done, starting, more, then)
     except RuntimeError as e:
         raise QevalError(f"{label} server: {e}; check {where}") from None
+
+
+def _raise_limit(
+    search: edge.EdgeSearch, room: int | None, ceiling: GeneratorCeiling | None, levels_tps: dict[int, float]
+) -> tuple[int, str]:
+    """The most users the load may be raised to past the grid, and the bound that sets it: the card's, the
+    server's room, the concurrency the generator's ceiling was measured at; none past the highest level judged
+    where the generator's ceiling is under 10x a level's tokens/s (its figures may be its own)."""
+    top = max(levels_tps, default=0)
+    if ceiling is not None and ceiling.chunks_per_s < 10 * max(levels_tps.values(), default=0.0):
+        return top, edge.AT_GENERATOR.format(chunks=ceiling.chunks_per_s, tps=max(levels_tps.values()))
+    bounds = [(search.max_users, edge.AT_USERS.format(n=search.max_users))]
+    if room is not None:
+        bounds.append((room, edge.AT_ROOM.format(n=room)))
+    if ceiling is not None:
+        bounds.append((ceiling.concurrency, edge.AT_CEILING.format(n=ceiling.concurrency)))
+    return min(bounds)
 
 
 def more_starts(
@@ -270,10 +311,14 @@ def levels_summary(
             ceiling.chunks_per_s,
             peak,
         )
+    missed = any(
+        m.slo_verdict == serving.Verdict.FAIL or not (m.slo_verdict or m.meets_slo) for m in per_level.values()
+    )
     return {
         "per_level": per_level,
         "max_users_at_slo": serving.max_users_at_slo(per_level),
         "users_at_slo_interval": serving.users_interval(per_level),
+        "users_bound": None if missed or not per_level else seen.bound or edge.AT_GRID,
         "failed_requests": sum(m.failed for m in per_level.values()),
         "generator_bound": bound,
     }

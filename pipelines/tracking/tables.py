@@ -95,9 +95,7 @@ SERVE_SERIES: dict[str, Getter] = {  # step = concurrency
 }
 # the shape stage (random weights at the model's shape): its own names, never a real checkpoint's server/*;
 # per scenario (the card's speed.scenarios, `default` where it names none) under shape/<scenario>/
-SHAPE_METRICS: dict[str, Getter] = {
-    "shape/generator_ceiling_chunks_s": lambda s: s.generator_ceiling.chunks_per_s,
-}
+SHAPE_METRICS: dict[str, Getter] = {"shape/generator_ceiling_chunks_s": lambda s: s.generator_ceiling.chunks_per_s}
 SHAPE_SCENARIO = "shape/{scenario}/"
 SHAPE_SCENARIO_METRICS: dict[str, Getter] = {  # of a ScenarioSweep, each name after SHAPE_SCENARIO
     "max_users_at_slo": lambda s: s.max_users_at_slo,
@@ -146,11 +144,11 @@ GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
     "cost/devices": lambda b: b.speed.cost.devices if b.speed.cost else None,
     "cost/users_per_instance": lambda b: b.speed.cost.users_per_instance if b.speed.cost else None,
     "cost/measured": lambda b: float(b.speed.cost.measured) if b.speed.cost else None,  # 1 measured, 0 projected
+    "cost/at_most": lambda b: b.speed.cost and float(bool(b.speed.cost.at_most)),  # 1: no level missed, upper bounds
     # its range where measured on intervals: _lo the optimistic end, _hi the conservative (CostFigure)
     "cost/usd_per_mtok_lo": lambda b: b.speed.cost and b.speed.cost.mtok_end(0),
     "cost/usd_per_mtok_hi": lambda b: b.speed.cost and b.speed.cost.mtok_end(1),
 }
-
 GATE_TASK = "gate/{task}/"
 GATE_GENERATION: dict[str, Getter] = {  # GATE_TASK + name, per generative task, from its `Generation`
     "length_ratio": lambda g: g.length.ratio[0],  # its total output tokens over the baseline's
@@ -324,6 +322,7 @@ SERVE_PARAMS: dict[str, Getter] = {
     "server.accuracy_batch_size": lambda s: s.accuracy and s.accuracy.config.batch_size,
     "server.slo": lambda s: f"TTFT p95 <= {s.slo.ttft_ms:g} ms, TPOT p95 <= {s.slo.tpot_ms:g} ms",
     "server.starts": lambda s: s.starts,
+    "server.users_bound": lambda s: s.users_bound,  # no level missed: why the load went no higher
 }
 SHAPE_PARAMS: dict[str, Getter] = {
     "shape.weights": lambda s: s.weights,
@@ -341,6 +340,7 @@ SHAPE_SCENARIO_PARAMS: dict[str, Getter] = {  # of a ScenarioSweep
     "shape.{scenario}.probe": lambda s: s.probe and s.probe.why,
     "shape.{scenario}.slo": lambda s: f"TTFT p95 <= {s.slo.ttft_ms:g} ms, TPOT p95 <= {s.slo.tpot_ms:g} ms",
     "shape.{scenario}.capped": lambda s: s.capped,
+    "shape.{scenario}.users_bound": lambda s: s.users_bound,
 }
 SIZE_PARAMS: dict[str, Getter] = {
     "size.grid": lambda s: f"batch {s.batch}, {s.input_len} in, {s.output_len} out",

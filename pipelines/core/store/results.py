@@ -288,6 +288,7 @@ class Served(StageResult, ServedOn):
     users_at_slo_interval: tuple[int, int] | None = Field(
         None, description="users within the objective as a range over the judged levels (eval/serving.py)"
     )
+    users_bound: str | None = Field(None, description="no level missed: why the load went no higher (eval/edge.py)")
     failed_requests: int
     generator_ceiling: GeneratorCeiling
     generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
@@ -343,6 +344,7 @@ class ScenarioSweep(Record):
     per_level: dict[int, LevelMetrics]
     max_users_at_slo: int
     users_at_slo_interval: tuple[int, int] | None = None
+    users_bound: str | None = None  # as Served's
     failed_requests: int
     generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
     probe: Probe | None = Field(None, description="the one-user probe, where the build was too slow to sweep")

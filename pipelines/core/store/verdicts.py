@@ -49,6 +49,12 @@ class CostFigure:
     # $ where that end holds no user for certain (or there is no price)
     devices_range: tuple[int | None, int | None] | None = None
     usd_per_mtok_range: tuple[float | None, float | None] | None = None
+    at_most: str | None = None  # no level missed: the users a lower bound, the devices and $ upper bounds; why
+
+    @property
+    def most(self) -> str:
+        """ "at most " before a figure that is an upper bound, else ""."""
+        return "at most " if self.at_most else ""
 
     def mtok_end(self, i: int) -> float | None:
         """End `i` of the $ per million output tokens range (0 optimistic, 1 conservative); None without one."""
@@ -61,20 +67,23 @@ class CostFigure:
 
     def text(self) -> str:
         where = "measured" if self.measured else "projected"
+        if self.at_most:
+            where += f"; no level missed, the sweep stopped at {self.at_most}"
+        most = self.most
         if self.why:
             return f"on {self.device}: {self.why} ({where})"
         if self.usd_per_mtok is None:
-            return f"on {self.device}: {self.devices} devices, no price ({where})"
+            return f"on {self.device}: {most}{self.devices} devices, no price ({where})"
         if self.usd_per_mtok_range is None:
             return (
-                f"${self.usd_per_mtok:.3g} per 1M output tokens on {self.device} ({self.devices} devices, "
+                f"{most}${self.usd_per_mtok:.3g} per 1M output tokens on {self.device} ({most}{self.devices} devices, "
                 f"${self.usd_per_hour:,.2f}/h; {where})"
             )
         cheap, dear = (f"${x:.3g}" if x is not None else "none for certain" for x in self.usd_per_mtok_range)
         few, many = (str(n) if n is not None else "-" for n in self.devices_range or (None, None))
         judged = f"${self.judged:.3g}" if self.judged is not None else "no cost (no user for certain)"
         return (
-            f"${self.usd_per_mtok:.3g} [{cheap}, {dear}] per 1M output tokens on {self.device} ({self.devices} "
+            f"{most}${self.usd_per_mtok:.3g} [{cheap}, {dear}] per 1M output tokens on {self.device} ({self.devices} "
             f"[{few}, {many}] devices, ${self.usd_per_hour:,.2f}/h; {where}; judged on {judged}, the conservative end)"
         )
 
@@ -92,6 +101,7 @@ class Measured:
     goodput: float | None = None  # server: requests/s that met the SLO at the judged users
     users_at_slo: int | None = None  # server: the most concurrent users that met the SLO
     users_range: tuple[int, int] | None = None  # server: those users on the levels' intervals (eval/serving.py)
+    users_bound: str | None = None  # server: no level missed, users_at_slo a lower bound; why (eval/edge.py)
     cost: CostFigure | None = None  # where the card states its traffic
 
     @property
