@@ -12,7 +12,7 @@ from eval import gpus, sizing
 from pipelines.core.card.cards import load_card
 from pipelines.core.framework.weights import resolve_weights
 from pipelines.core.store.results import Sized, VllmSettings
-from pipelines.stages import engines, serve
+from pipelines.stages import engines
 from pipelines.stages.serve import default_tensor_parallel, vllm_settings
 from quant.execution import CPU, Device
 
@@ -177,10 +177,22 @@ def test_vllm_runs_4_bit_weights_on_a_cpu_only_with_avx512_and_in_16_bits():
 
 
 def test_vllm_serves_in_the_offline_evaluations_dtype_and_bf16_as_the_checkpoints(monkeypatch):
-    """vllm_dtype answers for --dtype and for whether the 4-bit kernel runs (serve.serve): bf16 is `auto`."""
-    assert serve.vllm_dtype(Device("cuda", (9, 0))) == "auto"
-    monkeypatch.setattr(serve, "compute_dtype", lambda device: "float32")  # a CPU without bf16 units
-    assert serve.vllm_dtype(CPU) == "float32"
+    """vllm_dtype answers for --dtype and for whether the 4-bit kernel runs, in the serve and shape stages alike:
+    bf16 is `auto`; the report says which arithmetic the figures ran in."""
+    from pipelines.present.formats import arithmetic
+
+    assert engines.vllm_dtype(Device("cuda", (9, 0))) == "auto"
+    monkeypatch.setattr(engines, "compute_dtype", lambda device: "float32")  # a CPU without bf16 units
+    assert engines.vllm_dtype(CPU) == "float32"
+    assert "float32 (this CPU has no bf16 units" in arithmetic("float32") and "native" in arithmetic("auto")
+
+
+def test_the_sequences_a_vllm_server_has_room_for_are_read_from_its_log():
+    """vLLM's KV cache line (vllm/v1/core/kv_cache_utils.py), over a request's tokens: how far the edge search
+    past the grid may raise the load (eval/edge.py); None where the log does not say."""
+    line = "(EngineCore pid=1) INFO [kv_cache_utils.py:1234] CPU KV cache size: 1,234,560 tokens, Maximum concurrency "
+    assert engines.kv_room(line + "for 514 tokens per request: 2401.87x", 160) == 7716
+    assert engines.kv_room("Starting to load model", 160) is None
 
 
 def test_a_kv_cache_variant_is_served_with_its_own_kv_cache_dtype():

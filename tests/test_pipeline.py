@@ -18,8 +18,7 @@ from pipelines.core.card.cards import load_card
 from pipelines.core.store.searches import with_carried
 from pipelines.core.store.verdicts import Decision
 from pipelines.present.shipcard import ship_card
-from pipelines.stages.engines import kv_cannot_serve, vllm_cannot_run
-from pipelines.stages.serve import vllm_dtype
+from pipelines.stages.engines import kv_cannot_serve, vllm_cannot_run, vllm_dtype
 from pipelines.tracking.store import tracking_uri
 from quant.execution import CPU
 

@@ -73,6 +73,13 @@ def users_count(n: int, bound: str | None = None) -> str:
     return ("at least " if bound else "") + f"{n} user" + ("" if n == 1 else "s")
 
 
+def arithmetic(dtype: str) -> str:
+    """What vLLM computed in, from its --dtype as the serve and shape stages set it (engines.vllm_dtype)."""
+    if dtype == "float32":
+        return "computed in float32 (this CPU has no bf16 units: bf16 arithmetic would be emulated)"
+    return "computed in the checkpoint's 16-bit dtype, native here" if dtype == "auto" else f"computed in {dtype}"
+
+
 def emulated(execution: Execution) -> bool:
     """Whether figures that ran this way are drawn hollow and dashed: they say nothing of the format's speed."""
     return execution == Execution.EMULATED

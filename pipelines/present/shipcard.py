@@ -137,7 +137,8 @@ def _speed(card: ModelCard, precision: str) -> list[str]:
             lines += [
                 "",
                 f"- {shaped.weights}, scenario {name} ({sw.load.input_len} in, {sw.load.output_len} out): "
-                f"{held} ({shaped.engine_version}, {shaped.execution}: {shaped.kernel_names})",
+                f"{held} ({shaped.engine_version}, {formats.arithmetic(shaped.vllm.dtype)}, {shaped.execution}: "
+                f"{shaped.kernel_names})",
             ]
     if len(lines) == 1:
         lines += ["", "Not measured on a server."]

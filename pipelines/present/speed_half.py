@@ -37,7 +37,8 @@ def how(shaped: dict[str, AtShape]) -> str:
     device = any_one.main.ceiling.device if any_one.main.ceiling else "this machine"
     load = any_one.main.load
     return (
-        f"{any_one.weights} ({any_one.shape_config}), {any_one.engine_version} on {device}; random token ids "
+        f"{any_one.weights} ({any_one.shape_config}), {any_one.engine_version} on {device}, "
+        f"{formats.arithmetic(any_one.vllm.dtype)}; random token ids "
         f"in, the output length forced and checked on every request, {load.requests_per_user} requests per user "
         f"at each level after a warm-up"
     )

@@ -25,7 +25,7 @@ from pipelines.core.store.results import LinearKernel, VllmSettings
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.paths import REPO_ROOT
-from quant.execution import DEQUANTIZED, Device, Execution, combined, cpu_flags, execution
+from quant.execution import DEQUANTIZED, Device, Execution, combined, compute_dtype, cpu_flags, execution
 from quant.precisions import get_precision
 
 ENGINE_VENV = REPO_ROOT / ".venv-vllm"
@@ -198,6 +198,15 @@ def gpu_memory_plan(
         return 0.9, False
     need = weights + sequences * max_model_len * shape.kv_bytes_per_token(kv_dtype_bytes) + WORKSPACE_BYTES
     return round(min(0.9, max(0.05, need / gpu_memory)), 3), True
+
+
+def vllm_dtype(device: Device) -> str:
+    """vLLM's --dtype for a build served here (the serve and shape stages): the dtype the offline evaluation
+    computes in (quant.execution.compute_dtype), `auto` (the checkpoint's) where that is bf16. What vLLM serves
+    in decides which of its kernels run (vllm_cannot_run), so the settings and the choice of engine both ask
+    here."""
+    dtype = compute_dtype(device)
+    return "auto" if dtype == "bfloat16" else dtype
 
 
 def choose_engine(engine: str) -> str:

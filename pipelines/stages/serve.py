@@ -34,7 +34,7 @@ from pipelines.core.system.errors import QevalError
 from pipelines.core.system.net import json_or
 from pipelines.core.system.procs import running
 from pipelines.stages import engines, served_accuracy, sweep
-from quant.execution import Device, Execution, compute_dtype
+from quant.execution import Device, Execution
 from quant.precisions import kv_cache_dtype
 
 log = logging.getLogger(__name__)
@@ -78,14 +78,6 @@ def default_tensor_parallel(card: ModelCard, sized: Sized | None, device_name: s
             f"set server.tensor_parallel and pipeline_parallel in the card"
         )
     return fit.tensor_parallel
-
-
-def vllm_dtype(device: Device) -> str:
-    """vLLM's --dtype for a build served here: the dtype the offline evaluation computes in
-    (quant.execution.compute_dtype), `auto` (the checkpoint's) where that is bf16. What vLLM serves in decides
-    which of its kernels run (engines.vllm_cannot_run), so the settings and the choice of engine both ask here."""
-    dtype = compute_dtype(device)
-    return "auto" if dtype == "bfloat16" else dtype
 
 
 def vllm_settings(
@@ -132,7 +124,7 @@ def vllm_settings(
         gpu_memory_utilization=share,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
         positions=positions if length > positions else None,
-        dtype=vllm_dtype(device),
+        dtype=engines.vllm_dtype(device),
         torch_onednn=not engines.torch_onednn_off(precision, device),
     )
 
@@ -157,7 +149,9 @@ def serve(
             url,
         )
     device, device_name = engines.this_device()
-    fallback = engines.vllm_cannot_run(precision, device, dtype=vllm_dtype(device)) if engine == "vllm" else None
+    fallback = (
+        engines.vllm_cannot_run(precision, device, dtype=engines.vllm_dtype(device)) if engine == "vllm" else None
+    )
     if fallback:
         log.warning(
             "%s@%s: %s; served by transformers serve instead (weights dequantized: emulated)",

@@ -177,10 +177,11 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         gpu_memory_utilization=share,
         cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
         random_weights=True,
+        dtype=engines.vllm_dtype(device),  # as the serve stage computes here: float32 where bf16 would be emulated
         torch_onednn=not engines.torch_onednn_off(precision, device),
     )
     points = _loads(card, positions)
-    cannot = engines.vllm_cannot_run(precision, device) or engines.kv_cannot_serve(
+    cannot = engines.vllm_cannot_run(precision, device, dtype=settings.dtype) or engines.kv_cannot_serve(
         settings.kv_cache_dtype, "vllm", device
     )
     version = f"{vllm.distribution} {vllm.version}"
