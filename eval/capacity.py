@@ -26,6 +26,7 @@ optimistic end its high end at the best of the levels not missed. Choices on cos
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -114,6 +115,49 @@ def bounds(levels: Mapping[int, LevelMetrics], per: PerInstance) -> tuple[PerIns
     sure = _within(levels, lo, per.devices, per.how, lambda m: m.slo_verdict == Verdict.PASS)
     maybe = _within(levels, hi, per.devices, per.how, lambda m: m.slo_verdict != Verdict.FAIL)
     return sure, maybe
+
+
+@dataclass(frozen=True)
+class AtSpeed:
+    """One instance at a per-user speed, on the throughput-interactivity frontier its sweep traced."""
+
+    user_tps: float  # output tokens/s each user gets
+    users: float  # concurrent users at that speed (interpolated)
+    output_tps: float  # output tokens/s per instance
+    output_tps_range: tuple[float, float] | None  # its bootstrap interval, interpolated alike
+
+
+def frontier(levels: Mapping[int, LevelMetrics]) -> list[tuple[int, LevelMetrics]]:
+    """The levels that streamed tokens, fastest per user first: output tokens/s per instance against tokens/s
+    per user (1 / median TPOT), the throughput-interactivity frontier (vLLM's `plot_pareto`, InferenceX)."""
+    streamed = [(c, m) for c, m in levels.items() if m.output_tps and m.output_tps_per_user]
+    return sorted(streamed, key=lambda cm: (-(cm[1].output_tps_per_user or 0.0), cm[0]))
+
+
+def at_speed(levels: Mapping[int, LevelMetrics], user_tps: float) -> AtSpeed | None:
+    """The instance at `user_tps` tokens/s per user: its users and throughput interpolated linearly in the
+    per-user speed between the two frontier levels that bracket it (each end of the throughput's interval
+    likewise); None where no two levels swept do (every level faster, or slower, per user than asked)."""
+    for (c1, a), (c2, b) in itertools.pairwise(frontier(levels)):
+        fast, slow = a.output_tps_per_user or 0.0, b.output_tps_per_user or 0.0
+        if not slow <= user_tps <= fast:
+            continue
+        w = (fast - user_tps) / (fast - slow) if fast > slow else 0.0
+        ends = None
+        if a.output_tps_interval and b.output_tps_interval:
+            (a_lo, a_hi), (b_lo, b_hi) = a.output_tps_interval, b.output_tps_interval
+            ends = (_lerp(a_lo, b_lo, w), _lerp(a_hi, b_hi, w))
+        return AtSpeed(user_tps, _lerp(c1, c2, w), _lerp(a.output_tps or 0.0, b.output_tps or 0.0, w), ends)
+    return None
+
+
+def _lerp(x: float, y: float, w: float) -> float:
+    return x + w * (y - x)
+
+
+def usd_per_mtok(usd_per_instance_hour: float, output_tps: float) -> float:
+    """$ per million output tokens from an instance's price and its output tokens/s."""
+    return usd_per_instance_hour / (output_tps * 3600) * 1e6
 
 
 @dataclass(frozen=True)
@@ -211,6 +255,6 @@ def cost(per: PerInstance | None, users_needed: float, price_per_device_hour: fl
         instances,
         devices,
         devices * price_per_device_hour,
-        instance_hour / (per.output_tps * 3600) * 1e6,
+        usd_per_mtok(instance_hour, per.output_tps),
         instance_hour / (per.request_rps * 3600),
     )

@@ -88,10 +88,10 @@ CAPPED = "stopped at the card's {n} requests per user"
 TIMED = "stopped at the card's {s:g} s for a sweep"
 
 # Why the load was raised no further though no level missed (the figure is then a lower bound)
-AT_USERS = "the card's max_users ({n})"
+AT_USERS = "the card's edge.max_users ({n})"
 AT_ROOM = "the server's room for {n} sequences of this length"
 AT_GENERATOR = "the load generator's ceiling ({chunks:.0f} chunks/s, under 10x the server's {tps:.0f} tokens/s)"
 AT_CEILING = "the {n} users the load generator's ceiling was measured at"
-AT_LEVELS = "the card's {n} levels past the grid"
-AT_TIME = "the card's {s:g} s for a sweep"
+AT_LEVELS = "the card's edge.levels ({n} added)"
+AT_TIME = "the card's edge.max_s ({s:g} s)"
 AT_GRID = "the grid's top (no search past it)"

@@ -241,9 +241,12 @@ class MemoryTracker:
         run.status = "FINISHED"
         return run_id
 
-    def log_report(self, tables, files) -> str:
+    def log_report(self, tables, files, per_build=None) -> str:
         run = self.runs[self.summary_run()]
         run.artifacts |= {f"report/{n}": b"" for n in tables}
         run.artifacts |= {f"report/{p.name}": p.read_bytes() for p in files}
+        for precision, paths in (per_build or {}).items():
+            if (build := self.find_run(precision)) is not None:
+                self.runs[build].artifacts |= {f"report/{p.name}": p.read_bytes() for p in paths}
         run.status = "FINISHED"
         return self.find_run(None) or ""

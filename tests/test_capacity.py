@@ -228,6 +228,29 @@ def test_a_sweep_that_found_no_edge_gives_a_lower_bound_and_costs_at_most():
     assert users_count(64) == "64 users" and users_count(1, why) == "at least 1 user"
 
 
+def test_a_build_is_priced_at_the_cards_per_user_speed_on_its_frontier_by_hand():
+    """Levels at 1, 4 and 16 users give each user 60, 45 and 20 tokens/s (1 / median TPOT) for 60, 180 and 320
+    tokens/s in all. At 40 tokens/s per user: a fifth of the way from 4 users to 16 (45 - 40 = 5 of the 25
+    between), so 4 + 0.2 x 12 = 6.4 users and 180 + 0.2 x 140 = 208 tokens/s, its interval likewise; at $0.10 per
+    instance-hour, 0.10 / (208 x 3600) x 1e6 = $0.1335 per million. Outside the levels: not priced."""
+    from eval.capacity import at_speed, frontier, usd_per_mtok
+
+    def lv(per_user: float, tps: float) -> LevelMetrics:
+        return LevelMetrics(
+            requests=8, failed=0, meets_slo=True, output_tps=tps, output_tps_per_user=per_user,
+            output_tps_interval=(0.9 * tps, 1.1 * tps),
+        )  # fmt: skip
+
+    levels = {16: lv(20, 320), 1: lv(60, 60), 4: lv(45, 180)}
+    assert [c for c, _ in frontier(levels)] == [1, 4, 16]  # fastest per user first
+    at = at_speed(levels, 40)
+    assert at.users == pytest.approx(6.4) and at.output_tps == pytest.approx(208)
+    assert at.output_tps_range == pytest.approx((0.9 * 208, 1.1 * 208))
+    assert usd_per_mtok(0.10, at.output_tps) == pytest.approx(0.1335, abs=1e-4)
+    assert at_speed(levels, 60).users == pytest.approx(1) and at_speed(levels, 20).output_tps == pytest.approx(320)
+    assert at_speed(levels, 70) is None and at_speed(levels, 10) is None
+
+
 def _ranged(name: str, weights: float, usd: tuple[float | None, float | None]) -> BuildVerdict:
     cost = CostFigure("cpu", True, 8, 8, 0.8, usd[0], None, (6, 16), usd)
     speed = Measured(50.0, weights + 1, weights, Execution.NATIVE, cost=cost)

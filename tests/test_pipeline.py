@@ -70,6 +70,7 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
     assert ("ship_card.md" in names) == (pipeline_run.doc["gate"]["chosen"] is not None)
     assert [n for n in names if n != "ship_card.md"] == [
         "agreement_refkjv_continue.png",
+        "frontier.png",
         "latency_vs_users.png",
         "memory.png",
         "quality_vs_cost.png",
@@ -83,9 +84,15 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
     # the card's traffic (ref-lm's: 64 users) priced on this CPU, measured, and on its GPUs, projected
     report = _report(pipeline_run)
     capacity = report.split("## Capacity and cost: 64 concurrent users at peak, scenario default")[1]
-    assert "| build | verdict | worst recovery | cpu | h100-sxm | l4 | crossover |" in capacity
+    assert (
+        "| build | verdict | worst recovery | cpu | h100-sxm | l4 | crossover (output tokens/s against the baseline's"
+        in capacity
+    )
     assert "(measured)" in capacity and "(projected)" in capacity and "per 1M output tokens" in capacity
     assert "2-byte KV entries (1-byte for int8+kv-fp8)" in report  # the fits table's assumptions, per build
+    # every served build at the card's 40 tokens/s per user, priced where its frontier brackets that speed
+    at_speed = report.split("### At 40 output tokens/s per user (matched interactivity)")[1].split("\n## ")[0]
+    assert all(f"| {b} | cpu | " in at_speed for b in PRECISIONS if _result(pipeline_run, "serve", b)["vllm"])
     needs = report.split("## Documents each verdict needs")[1]  # what sizes the card's tasks
     assert all(f"| {b} | refkjv_ppl | " in needs for b in PRECISIONS[1:])
     # the generative task: output length and greedy departures per build; the needle judged by its gain
@@ -238,6 +245,9 @@ def test_int8_is_served_natively_streamed_stopped_and_scored_as_offline(pipeline
     assert data.params["server.execution"] == "native" and data.params["server.engine"] == "vllm"
     assert data.metrics["served_vs_offline/refkjv_ppl/bits_per_byte"] == pytest.approx(est)
     assert "served/refkjv_last_word/acc" in data.metrics
+    # the report's throughput-interactivity frontier on the build's own run, as the summary run has it
+    logged = [a.path for a in MlflowClient(tracking_uri()).list_artifacts(record["run_id"], "report")]
+    assert "report/frontier.png" in logged, logged
 
 
 def test_a_generative_task_runs_greedily_through_the_server_as_offline(pipeline_run):

@@ -58,7 +58,7 @@ class Table:
 Found = tuple[str, dict[int, LevelMetrics], str, str | None]
 
 
-def _measured(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found | None:
+def measured_sweep(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found | None:
     """(device, levels, how, why no edge was found) of the sweep that measured the build in this scenario: the
     serve stage's of the real checkpoint (its prompt possibly cut to the model's positions), else the shape
     stage's."""
@@ -103,7 +103,7 @@ def _cell(
     return Cell(device, per, capacity.cost(per, _needed(card, per), price), price, costs)
 
 
-def _traffic_scenario(card: ModelCard) -> tuple[str, Scenario, Shape | None]:
+def traffic_scenario(card: ModelCard) -> tuple[str, Scenario, Shape | None]:
     """The traffic's scenario as the servers swept it (cut to the model's positions), and the model's shape."""
     name = card.traffic.scenario or card.speed.main_scenario[0]
     shape, positions = _shape(card)
@@ -113,10 +113,10 @@ def _traffic_scenario(card: ModelCard) -> tuple[str, Scenario, Shape | None]:
 def cells_of(card: ModelCard, precision: str) -> tuple[dict[str, Cell], dict[int, LevelMetrics] | None]:
     """One build's cells (the device it was swept on, then the GPUs it was sized for), and its measured levels."""
     t = card.traffic
-    name, sc, shape = _traffic_scenario(card)
+    name, sc, shape = traffic_scenario(card)
     slo = card.speed.slo_of(sc)
     cells, levels = {}, None
-    if found := _measured(card, precision, name, sc):
+    if found := measured_sweep(card, precision, name, sc):
         device, levels, how, bound = found
         cells[device] = _cell(card, device, capacity.measured(levels, how=how, at_least=bound), levels)
     sized = result_of(card.name, precision, Sized)
@@ -173,7 +173,7 @@ def table(card: ModelCard, decision: Decision | None = None) -> Table | None:
     t = card.traffic
     if t is None:
         return None
-    name, sc, _ = _traffic_scenario(card)
+    name, sc, _ = traffic_scenario(card)
     verdicts = {b.precision: b for b in decision.builds} if decision else {}
     rows, devices, sweeps = [], [], {}
     for p in [card.gate.baseline, *(p for p in card.precisions if p != card.gate.baseline)]:
@@ -259,7 +259,9 @@ def section(card: ModelCard, tab: Table | None) -> list[str]:
         f"{card.traffic.projected_mbu:.0%} of peak bandwidth, {card.traffic.projected_mfu:.0%} of peak FLOP/s, "
         "one prompt's prefill as TTFT, no queueing).",
         "",
-        "| build | verdict | worst recovery | " + " | ".join(tab.devices) + " | crossover |",
+        "| build | verdict | worst recovery | "
+        + " | ".join(tab.devices)
+        + " | crossover (output tokens/s against the baseline's at the same users) |",
         "|---|---|---|" + "---|" * len(tab.devices) + "---|",
     ]
     for r in tab.rows:

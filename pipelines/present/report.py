@@ -10,6 +10,7 @@ summary run in MLflow.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from pipelines.core.store.results import Benched, Served
 from pipelines.core.store.verdicts import Decision
 from pipelines.core.system.files import atomic_write
 from pipelines.core.system.paths import reports_dir
-from pipelines.present import capacity, charts, formats, search_section, shipcard, speed_half
+from pipelines.present import capacity, charts, formats, frontier, search_section, shipcard, speed_half
 from pipelines.present.report_tables import (
     documents_section,
     fits_section,
@@ -113,6 +114,7 @@ def markdown(
     lines += search_section.section(card)
     lines += fits_section(card)
     lines += capacity.section(card, tab)
+    lines += frontier.section(card)
     lines += ["", "## Reasons", ""]
     for b in decision.builds:
         lines.append(f"- **{b.precision}: {b.verdict}**")
@@ -162,6 +164,8 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     figures = dict(quality)
     if any(result_of(card.name, p, Served) for p in card.precisions):
         figures["latency_vs_users.png"] = charts.latency_against_users(card, _how_served(card))
+    if frontier.sweeps(card):
+        figures[frontier.CHART] = frontier.figure(card, _how_served(card))
     if any(result_of(card.name, p, Benched) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
@@ -181,7 +185,8 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     shipped = shipcard.ship_card(card, decision, tab)
     if shipped:
         atomic_write(out / SHIP_CARD, shipped)
-    return _publish(out, figures, text, tables, tracker, [out / SHIP_CARD] if shipped else [])
+    more = [out / SHIP_CARD] if shipped else []
+    return _publish(out, figures, text, tables, tracker, more, frontier.sweeps(card))
 
 
 def _cost_points(tab: capacity.Table) -> list[tuple[str, str, float, bool]]:
@@ -204,7 +209,13 @@ def _capacity_table(tab: capacity.Table | None, when: str) -> dict[str, dict[str
 
 
 def _publish(
-    out: Path, figures: dict, text: str, tables: dict, tracker: Tracker, more: list[Path] | None = None
+    out: Path,
+    figures: dict,
+    text: str,
+    tables: dict,
+    tracker: Tracker,
+    more: list[Path] | None = None,
+    frontier_builds: Iterable[str] = (),
 ) -> list[Path]:
     """The charts and report.md (and `more` files written) in `out`, logged to the model's summary run; the
     files written."""
@@ -214,7 +225,9 @@ def _publish(
     md = out / "report.md"
     atomic_write(md, text)
     written = [out / name for name in figures] + [md, *(more or [])]
-    tracker.log_report(tables, written)
+    # the frontier chart on each swept build's run too, beside its latency against users (MLflow's own charts)
+    frontier_chart = [out / frontier.CHART] if frontier.CHART in figures else []
+    tracker.log_report(tables, written, dict.fromkeys(frontier_builds, frontier_chart) if frontier_chart else None)
     return written
 
 
@@ -233,6 +246,9 @@ def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
     lines = speed_half.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
     tab = capacity.table(card)
     lines += capacity.section(card, tab)
+    lines += frontier.section(card)
+    if frontier.sweeps(card):
+        figures[frontier.CHART] = frontier.figure(card, speed_half.how(shaped) if shaped else "")
     lines += ["", *(f"![{n}]({n})" for n in figures), ""]
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    return _publish(out, figures, "\n".join(lines), _capacity_table(tab, now), tracker)
+    return _publish(out, figures, "\n".join(lines), _capacity_table(tab, now), tracker, None, frontier.sweeps(card))

@@ -28,7 +28,7 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
         f"decode tok/s per user, batch {decision.policy.speed_batch}": [],
         f"server goodput req/s, {users} users": [],
         "users at SLO": [],
-        "speed-up": [],
+        f"speed-up in {decision.speed_axis}": [],  # not the output tokens/s the capacity table's crossover reads
         "weights": [],
         "peak": [],
         "kernels": [],
@@ -49,7 +49,7 @@ def table(card: ModelCard, decision: Decision) -> dict[str, list]:
         cols[f"server goodput req/s, {users} users"].append("" if speed.goodput is None else f"{speed.goodput:.3g}")
         at_least = "at least " if speed.users_bound else ""
         cols["users at SLO"].append("" if speed.users_at_slo is None else f"{at_least}{speed.users_at_slo}")
-        cols["speed-up"].append(f"{up:.2f}x" if up is not None else "")
+        cols[f"speed-up in {decision.speed_axis}"].append(f"{up:.2f}x" if up is not None else "")
         cols["weights"].append(formats.size(speed.weights_gb))
         cols["peak"].append(formats.size(speed.peak_gb))
         cols["kernels"].append(f"{speed.execution} ({speed.engine})" if speed.engine else str(speed.execution))

@@ -369,9 +369,13 @@ class MlflowTracker:
 
         return self._on_summary(write)
 
-    def log_report(self, tables, files) -> str:
+    def log_report(self, tables, files, per_build=None) -> str:
         """Tables and files of the report (its charts as the report wrote them: one rendering, the same bytes in
-        the folder and the store), on the model's summary run."""
+        the folder and the store), on the model's summary run; `per_build` files on each build's run too."""
+        for precision, paths in (per_build or {}).items():
+            if (build := self.find_run(precision)) is not None:
+                for path in paths:
+                    self.client.log_artifact(build, str(path), artifact_path="report")
 
         def write(run_id: str) -> str:
             for name, table in tables.items():

@@ -3,7 +3,9 @@
 Peak concurrent users, or a peak request rate that Little's law turns into users at the scenario's
 latency (eval/capacity.py); optionally the dollars per hour of one device of each kind (no built-in price
 list: prices go stale and differ by contract, and without them the tables show device-hours); and the share
-of a device's peak bandwidth a projection assumes where nothing was measured on it.
+of a device's peak bandwidth a projection assumes where nothing was measured on it; and optionally the output
+speed each user is to get, at which every build is priced on the frontier its sweep traced
+(pipelines/present/frontier.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ CPU = "cpu"
 MAX_USERS = 10_000_000
 MIN_RATE_RPS, MAX_RATE_RPS = 0.001, 1_000_000.0
 MIN_PRICE, MAX_PRICE = 0.01, 10_000.0  # $ per device-hour
+MAX_USER_TPS = 100_000.0  # output tokens/s per user
 
 
 class Traffic(BaseModel):
@@ -39,6 +42,14 @@ class Traffic(BaseModel):
         description="peak requests per second (instead of users)",
     )
     scenario: str | None = Field(None, description="the scenario the traffic is in; null: the card's main one")
+    user_tps: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_USER_TPS,
+        allow_inf_nan=False,
+        description="output tokens/s each user is to get: every build priced on its frontier at that speed "
+        "(matched interactivity); null: not priced so",
+    )
     prices: dict[str, Annotated[float, Field(ge=MIN_PRICE, le=MAX_PRICE, allow_inf_nan=False)]] = Field(
         {}, description=f"$ per hour of one device, by GPU name (eval/gpus.py) or '{CPU}'"
     )

@@ -94,6 +94,9 @@ class Tracker(Protocol):
         policy changed; its id."""
         ...
 
-    def log_report(self, tables: Mapping[str, Any], files: Iterable[Path]) -> str:
-        """The report's tables and files (its charts, as written) on the summary run; its id."""
+    def log_report(
+        self, tables: Mapping[str, Any], files: Iterable[Path], per_build: Mapping[str, Iterable[Path]] | None = None
+    ) -> str:
+        """The report's tables and files (its charts, as written) on the summary run, and `per_build` files on
+        each build's own run (by precision); the summary run's id."""
         ...

@@ -1,0 +1,150 @@
+"""The throughput-interactivity frontier: per build, output tokens/s per instance against the output speed each
+user gets, over the levels its sweep measured (with each level's interval), as a chart and, where the card states
+a per-user speed (`traffic.user_tps`), every build priced at that speed: what its users would see, not its own
+edge (SemiAnalysis' InferenceX compares precisions so; vLLM's `bench sweep` draws the same frontier).
+
+The sweep is the one the capacity table reads (pipelines/present/capacity.py, `measured_sweep`): the serve stage's
+of the real checkpoint, else the shape stage's. The speed is interpolated on it (eval/capacity.py, `at_speed`);
+a build whose levels do not bracket the speed is not priced there, and says which side it lies on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eval import capacity
+from eval.serving import LevelMetrics
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.store.manifests import result_of
+from pipelines.core.store.results import Served
+from pipelines.present import formats
+from pipelines.present.capacity import measured_sweep, traffic_scenario
+
+CHART = "frontier.png"
+
+
+@dataclass(frozen=True)
+class Priced:
+    """One build at the card's per-user speed."""
+
+    precision: str
+    device: str
+    at: capacity.AtSpeed | None  # None: its levels do not bracket the speed (`why`)
+    usd_per_mtok: tuple[float, float | None, float | None] | None  # point, and the interval's ends (cheap, dear)
+    why: str = ""
+
+
+def sweeps(card: ModelCard) -> dict[str, tuple[str, dict[int, LevelMetrics]]]:
+    """Per build with a measured sweep in the traffic's scenario (the card's main one without traffic): its
+    device and levels."""
+    if card.traffic is not None:
+        name, sc, _ = traffic_scenario(card)
+    else:
+        name, sc = card.speed.main_scenario
+    found = {p: measured_sweep(card, p, name, sc) for p in card.precisions}
+    return {p: (f[0], f[1]) for p, f in found.items() if f and capacity.frontier(f[1])}
+
+
+def priced(card: ModelCard) -> list[Priced]:
+    """Every swept build at the card's `traffic.user_tps`; empty where the card states none."""
+    if card.traffic is None or card.traffic.user_tps is None:
+        return []
+    speed, out = card.traffic.user_tps, []
+    for p, (device, levels) in sweeps(card).items():
+        at = capacity.at_speed(levels, speed)
+        if at is None:
+            users = [m.output_tps_per_user or 0.0 for _, m in capacity.frontier(levels)]
+            side = "faster" if min(users) > speed else "slower"
+            why = f"every level swept gives each user {side} than that ({min(users):.3g}-{max(users):.3g} tokens/s)"
+            out.append(Priced(p, device, None, None, why))
+            continue
+        price = card.traffic.prices.get(device)
+        usd = None
+        if price is not None and at.output_tps > 0:
+            ends = at.output_tps_range
+            dear, cheap = (capacity.usd_per_mtok(price, x) if x > 0 else None for x in ends) if ends else (None, None)
+            usd = (capacity.usd_per_mtok(price, at.output_tps), cheap, dear)
+        out.append(Priced(p, device, at, usd, "" if price is not None else f"no price for {device} in the card"))
+    return out
+
+
+def section(card: ModelCard) -> list[str]:
+    """The report's lines: the builds at the card's per-user speed, as a table; empty without one."""
+    rows = priced(card)
+    if not rows:
+        return []
+    speed = card.traffic.user_tps if card.traffic else None
+    lines = [
+        "",
+        f"### At {speed:g} output tokens/s per user (matched interactivity)",
+        "",
+        f"Each build where its users get {speed:g} tokens/s each (1 / median TPOT), interpolated between the two "
+        f"levels of its sweep that bracket that speed on the throughput-interactivity frontier ({CHART}); "
+        "$ per million output tokens at one instance's throughput there, with the ends of its 95 % interval.",
+        "",
+        "| build | device | users at that speed | output tokens/s per instance [95% interval] | $ per 1M output "
+        "tokens [interval] |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.at is None:
+            lines.append(f"| {r.precision} | {r.device} | - | not priced: {r.why} | - |")
+            continue
+        ends = r.at.output_tps_range
+        tps = f"{r.at.output_tps:.4g}" + (f" [{ends[0]:.4g}, {ends[1]:.4g}]" if ends else "")
+        if r.usd_per_mtok is None:
+            usd = r.why or "-"
+        else:
+            point, cheap, dear = r.usd_per_mtok
+            usd = f"${point:.3g}" + (f" [${cheap:.3g}, ${dear:.3g}]" if cheap and dear else "")
+        lines.append(f"| {r.precision} | {r.device} | {r.at.users:.1f} | {tps} | {usd} |")
+    return lines
+
+
+def figure(card: ModelCard, how: str):
+    """Output tokens/s per instance against tokens/s per user, a line per build through its levels (each with
+    its interval and its users), the card's per-user speed as a line; emulated builds dashed and hollow."""
+    from pipelines.present.charts import subplots
+
+    fig, ax = subplots(figsize=(7.5, 4.5))
+    for p, (_, levels) in sweeps(card).items():
+        served = result_of(card.name, p, Served)
+        emulated = bool(served and formats.emulated(served.execution))
+        points = capacity.frontier(levels)
+        xs = [m.output_tps_per_user or 0.0 for _, m in points]
+        ys = [m.output_tps or 0.0 for _, m in points]
+        errs = [(y - (m.output_tps_lo or y), (m.output_tps_hi or y) - y) for y, (_, m) in zip(ys, points, strict=True)]
+        colour = formats.precision_colour(p)
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=list(zip(*errs, strict=True)),
+            fmt="o--" if emulated else "o-",
+            color=colour,
+            mfc="none" if emulated else colour,
+            capsize=3,
+            label=p + (" (emulated)" if emulated else ""),
+        )
+        for x, y, (c, _) in zip(xs, ys, points, strict=True):
+            ax.annotate(str(c), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7, color=colour)
+    if card.traffic is not None and card.traffic.user_tps is not None:
+        ax.axvline(card.traffic.user_tps, color="black", lw=1, ls=":")
+        ax.annotate(
+            f"the card's {card.traffic.user_tps:g} tokens/s per user",
+            (card.traffic.user_tps, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -12),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    ax.set_xlabel("output tokens/s per user (1 / median TPOT)")
+    ax.set_ylabel("output tokens/s per instance")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    ax.set_title(
+        f"{card.name}: throughput against interactivity (numbers: concurrent users; bars: 95 % intervals)\n{how}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
