@@ -125,6 +125,7 @@ class AtSpeed:
     users: float  # concurrent users at that speed (interpolated)
     output_tps: float  # output tokens/s per instance
     output_tps_range: tuple[float, float] | None  # its bootstrap interval, interpolated alike
+    at_least: bool = False  # every level swept gave each user more: the best of them, a lower bound
 
 
 def frontier(levels: Mapping[int, LevelMetrics]) -> list[tuple[int, LevelMetrics]]:
@@ -137,8 +138,16 @@ def frontier(levels: Mapping[int, LevelMetrics]) -> list[tuple[int, LevelMetrics
 def at_speed(levels: Mapping[int, LevelMetrics], user_tps: float) -> AtSpeed | None:
     """The instance at `user_tps` tokens/s per user: its users and throughput interpolated linearly in the
     per-user speed between the two frontier levels that bracket it (each end of the throughput's interval
-    likewise); None where no two levels swept do (every level faster, or slower, per user than asked)."""
-    for (c1, a), (c2, b) in itertools.pairwise(frontier(levels)):
+    likewise). Where every level gave each user more than that, the highest throughput among them, marked a
+    lower bound (more users would get less each, and the instance more in all); None where none gave each user
+    that much (not even one user at a time)."""
+    points = frontier(levels)
+    if not points or (points[0][1].output_tps_per_user or 0.0) < user_tps:
+        return None
+    if (points[-1][1].output_tps_per_user or 0.0) > user_tps:
+        c, m = max(points, key=lambda cm: cm[1].output_tps or 0.0)
+        return AtSpeed(user_tps, c, m.output_tps or 0.0, m.output_tps_interval, at_least=True)
+    for (c1, a), (c2, b) in itertools.pairwise(points):
         fast, slow = a.output_tps_per_user or 0.0, b.output_tps_per_user or 0.0
         if not slow <= user_tps <= fast:
             continue

@@ -232,7 +232,8 @@ def test_a_build_is_priced_at_the_cards_per_user_speed_on_its_frontier_by_hand()
     """Levels at 1, 4 and 16 users give each user 60, 45 and 20 tokens/s (1 / median TPOT) for 60, 180 and 320
     tokens/s in all. At 40 tokens/s per user: a fifth of the way from 4 users to 16 (45 - 40 = 5 of the 25
     between), so 4 + 0.2 x 12 = 6.4 users and 180 + 0.2 x 140 = 208 tokens/s, its interval likewise; at $0.10 per
-    instance-hour, 0.10 / (208 x 3600) x 1e6 = $0.1335 per million. Outside the levels: not priced."""
+    instance-hour, 0.10 / (208 x 3600) x 1e6 = $0.1335 per million. Faster than any level gives: not priced;
+    slower than every level: at least the best throughput swept."""
     from eval.capacity import at_speed, frontier, usd_per_mtok
 
     def lv(per_user: float, tps: float) -> LevelMetrics:
@@ -248,7 +249,9 @@ def test_a_build_is_priced_at_the_cards_per_user_speed_on_its_frontier_by_hand()
     assert at.output_tps_range == pytest.approx((0.9 * 208, 1.1 * 208))
     assert usd_per_mtok(0.10, at.output_tps) == pytest.approx(0.1335, abs=1e-4)
     assert at_speed(levels, 60).users == pytest.approx(1) and at_speed(levels, 20).output_tps == pytest.approx(320)
-    assert at_speed(levels, 70) is None and at_speed(levels, 10) is None
+    assert at_speed(levels, 70) is None  # not even one user gets that much
+    slower = at_speed(levels, 10)  # every level gives each user more: the best throughput, a lower bound
+    assert slower.at_least and (slower.users, slower.output_tps) == (16, 320)
 
 
 def _ranged(name: str, weights: float, usd: tuple[float | None, float | None]) -> BuildVerdict:

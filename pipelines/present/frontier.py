@@ -5,7 +5,8 @@ edge (SemiAnalysis' InferenceX compares precisions so; vLLM's `bench sweep` draw
 
 The sweep is the one the capacity table reads (pipelines/present/capacity.py, `measured_sweep`): the serve stage's
 of the real checkpoint, else the shape stage's. The speed is interpolated on it (eval/capacity.py, `at_speed`);
-a build whose levels do not bracket the speed is not priced there, and says which side it lies on.
+a build whose every level gave each user more is priced at the best of them, as an upper bound on its cost, and
+one whose no level gave each user that much is not priced there, and says so.
 """
 
 from __future__ import annotations
@@ -53,9 +54,8 @@ def priced(card: ModelCard) -> list[Priced]:
     for p, (device, levels) in sweeps(card).items():
         at = capacity.at_speed(levels, speed)
         if at is None:
-            users = [m.output_tps_per_user or 0.0 for _, m in capacity.frontier(levels)]
-            side = "faster" if min(users) > speed else "slower"
-            why = f"every level swept gives each user {side} than that ({min(users):.3g}-{max(users):.3g} tokens/s)"
+            best = max(m.output_tps_per_user or 0.0 for _, m in capacity.frontier(levels))
+            why = f"no level swept gives each user that much (at most {best:.3g} tokens/s)"
             out.append(Priced(p, device, None, None, why))
             continue
         price = card.traffic.prices.get(device)
@@ -90,14 +90,21 @@ def section(card: ModelCard) -> list[str]:
         if r.at is None:
             lines.append(f"| {r.precision} | {r.device} | - | not priced: {r.why} | - |")
             continue
-        ends = r.at.output_tps_range
-        tps = f"{r.at.output_tps:.4g}" + (f" [{ends[0]:.4g}, {ends[1]:.4g}]" if ends else "")
+        ends, least, most = (
+            r.at.output_tps_range,
+            "at least " if r.at.at_least else "",
+            "at most " if r.at.at_least else "",
+        )
+        tps = f"{least}{r.at.output_tps:.4g}" + (f" [{ends[0]:.4g}, {ends[1]:.4g}]" if ends else "")
+        if r.at.at_least:
+            tps += f" (every level gave each user more: the best of them, at {r.at.users:g} users)"
         if r.usd_per_mtok is None:
             usd = r.why or "-"
         else:
             point, cheap, dear = r.usd_per_mtok
-            usd = f"${point:.3g}" + (f" [${cheap:.3g}, ${dear:.3g}]" if cheap and dear else "")
-        lines.append(f"| {r.precision} | {r.device} | {r.at.users:.1f} | {tps} | {usd} |")
+            usd = f"{most}${point:.3g}" + (f" [${cheap:.3g}, ${dear:.3g}]" if cheap and dear else "")
+        users = f"{least}{r.at.users:.0f}" if r.at.at_least else f"{r.at.users:.1f}"
+        lines.append(f"| {r.precision} | {r.device} | {users} | {tps} | {usd} |")
     return lines
 
 
