@@ -148,8 +148,9 @@ def test_a_sweep_finds_an_edge_past_its_grid_or_says_its_figure_is_a_lower_bound
     summary = _sweep_stub(tmp_path, search, 10, 415)
     levels = summary["per_level"]
     lo, hi = summary["users_at_slo_interval"]
-    # to the user, or a user or two under it where a busy machine adds to the stub's own few ms
-    assert 38 <= lo <= hi <= 40, {c: (m.ttft_ms_p95, m.slo_verdict) for c, m in levels.items()}
+    # to the user, or a user or two either side on a busy machine: its own ms add to the stub's wait, and a
+    # client slow to send its next request leaves fewer requests in flight than users
+    assert 38 <= lo <= hi <= 42 and hi - lo <= 2, {c: (m.ttft_ms_p95, m.slo_verdict) for c, m in levels.items()}
     assert {32, 64} <= set(levels) and levels[64].slo_verdict == F and summary["users_bound"] is None
 
     (tmp_path / "capped").mkdir()

@@ -88,7 +88,9 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
         "| build | verdict | worst recovery | cpu | h100-sxm | l4 | crossover (output tokens/s against the baseline's"
         in capacity
     )
-    assert "(measured)" in capacity and "(projected)" in capacity and "per 1M output tokens" in capacity
+    # measured: "(measured)", or "(measured; none missed, stopped at ...)" where the search past the grid found
+    # no edge (ref-small meets the objective at every level it is raised to, up to the generator's ceiling)
+    assert "(measured" in capacity and "(projected)" in capacity and "per 1M output tokens" in capacity
     assert "2-byte KV entries (1-byte for int8+kv-fp8)" in report  # the fits table's assumptions, per build
     # every served build at the card's 40 tokens/s per user, priced where its frontier brackets that speed
     at_speed = report.split("### At 40 output tokens/s per user (matched interactivity)")[1].split("\n## ")[0]
