@@ -20,6 +20,7 @@ from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Served
 from pipelines.present import formats
 from pipelines.present.capacity import measured_sweep, traffic_scenario
+from pipelines.present.charts import subplots
 
 CHART = "frontier.png"
 
@@ -35,7 +36,10 @@ class Priced:
     why: str = ""
 
 
-def sweeps(card: ModelCard) -> dict[str, tuple[str, dict[int, LevelMetrics]]]:
+Sweeps = dict[str, tuple[str, dict[int, LevelMetrics]]]
+
+
+def sweeps(card: ModelCard) -> Sweeps:
     """Per build with a measured sweep in the traffic's scenario (the card's main one without traffic): its
     device and levels."""
     if card.traffic is not None:
@@ -46,12 +50,12 @@ def sweeps(card: ModelCard) -> dict[str, tuple[str, dict[int, LevelMetrics]]]:
     return {p: (f[0], f[1]) for p, f in found.items() if f and capacity.frontier(f[1])}
 
 
-def priced(card: ModelCard) -> list[Priced]:
-    """Every swept build at the card's `traffic.user_tps`; empty where the card states none."""
+def priced(card: ModelCard, swept: Sweeps) -> list[Priced]:
+    """Every swept build (`sweeps`) at the card's `traffic.user_tps`; empty where the card states none."""
     if card.traffic is None or card.traffic.user_tps is None:
         return []
     speed, out = card.traffic.user_tps, []
-    for p, (device, levels) in sweeps(card).items():
+    for p, (device, levels) in swept.items():
         at = capacity.at_speed(levels, speed)
         if at is None:
             best = max(m.output_tps_per_user or 0.0 for _, m in capacity.frontier(levels))
@@ -68,9 +72,9 @@ def priced(card: ModelCard) -> list[Priced]:
     return out
 
 
-def section(card: ModelCard) -> list[str]:
+def section(card: ModelCard, swept: Sweeps) -> list[str]:
     """The report's lines: the builds at the card's per-user speed, as a table; empty without one."""
-    rows = priced(card)
+    rows = priced(card, swept)
     if not rows:
         return []
     speed = card.traffic.user_tps if card.traffic else None
@@ -108,13 +112,11 @@ def section(card: ModelCard) -> list[str]:
     return lines
 
 
-def figure(card: ModelCard, how: str):
+def figure(card: ModelCard, swept: Sweeps, how: str):
     """Output tokens/s per instance against tokens/s per user, a line per build through its levels (each with
     its interval and its users), the card's per-user speed as a line; emulated builds dashed and hollow."""
-    from pipelines.present.charts import subplots
-
     fig, ax = subplots(figsize=(7.5, 4.5))
-    for p, (_, levels) in sweeps(card).items():
+    for p, (_, levels) in swept.items():
         served = result_of(card.name, p, Served)
         emulated = bool(served and formats.emulated(served.execution))
         points = capacity.frontier(levels)

@@ -77,7 +77,12 @@ def _how_served(card: ModelCard) -> str:
 
 
 def markdown(
-    card: ModelCard, decision: Decision, cols: dict[str, list], charts: list[str], tab: capacity.Table | None = None
+    card: ModelCard,
+    decision: Decision,
+    cols: dict[str, list],
+    charts: list[str],
+    tab: capacity.Table | None = None,
+    swept: frontier.Sweeps | None = None,
 ) -> str:
     names = list(cols)
     lines = [
@@ -114,7 +119,7 @@ def markdown(
     lines += search_section.section(card)
     lines += fits_section(card)
     lines += capacity.section(card, tab)
-    lines += frontier.section(card)
+    lines += frontier.section(card, swept or {})
     lines += ["", "## Reasons", ""]
     for b in decision.builds:
         lines.append(f"- **{b.precision}: {b.verdict}**")
@@ -164,8 +169,8 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     figures = dict(quality)
     if any(result_of(card.name, p, Served) for p in card.precisions):
         figures["latency_vs_users.png"] = charts.latency_against_users(card, _how_served(card))
-    if frontier.sweeps(card):
-        figures[frontier.CHART] = frontier.figure(card, _how_served(card))
+    if swept := frontier.sweeps(card):
+        figures[frontier.CHART] = frontier.figure(card, swept, _how_served(card))
     if any(result_of(card.name, p, Benched) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
@@ -181,12 +186,12 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     # MLflow appends a table to the one already logged under that name: each decision's rows carry its time
     history = {"decided": [decision.decided] * len(cols["build"]), **cols}
     tables = {"gate_table.json": history, **_capacity_table(tab, decision.decided)}
-    text = markdown(card, decision, cols, list(figures), tab)
+    text = markdown(card, decision, cols, list(figures), tab, swept)
     shipped = shipcard.ship_card(card, decision, tab)
     if shipped:
         atomic_write(out / SHIP_CARD, shipped)
     more = [out / SHIP_CARD] if shipped else []
-    return _publish(out, figures, text, tables, tracker, more, frontier.sweeps(card))
+    return _publish(out, figures, text, tables, tracker, more, swept)
 
 
 def _cost_points(tab: capacity.Table) -> list[tuple[str, str, float, bool]]:
@@ -246,9 +251,10 @@ def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
     lines = speed_half.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
     tab = capacity.table(card)
     lines += capacity.section(card, tab)
-    lines += frontier.section(card)
-    if frontier.sweeps(card):
-        figures[frontier.CHART] = frontier.figure(card, speed_half.how(shaped) if shaped else "")
+    swept = frontier.sweeps(card)
+    lines += frontier.section(card, swept)
+    if swept:
+        figures[frontier.CHART] = frontier.figure(card, swept, speed_half.how(shaped) if shaped else "")
     lines += ["", *(f"![{n}]({n})" for n in figures), ""]
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    return _publish(out, figures, "\n".join(lines), _capacity_table(tab, now), tracker, None, frontier.sweeps(card))
+    return _publish(out, figures, "\n".join(lines), _capacity_table(tab, now), tracker, None, swept)
