@@ -148,13 +148,7 @@ def run_levels(
         if seen is not None and before.get(c) is not None and (after := server_view.read(base_url)) is not None:
             seen.views[c] = server_view.between(before[c], after)
         m = serving.level_metrics(level, slo)
-        verdicts[c] = (
-            m.slo_verdict
-            if m.slo_verdict is not None
-            else serving.Verdict.PASS
-            if m.meets_slo
-            else serving.Verdict.FAIL
-        )
+        verdicts[c] = m.slo_verdict or (serving.Verdict.PASS if m.meets_slo else serving.Verdict.FAIL)
         levels_tps[c] = m.output_tps or 0.0
         log.info(
             "%s concurrency %d: %d requests, %d failed, TTFT p50 %.0f ms, TPOT p50 %.1f ms, %.1f tok/s, %s",
