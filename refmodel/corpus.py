@@ -1,9 +1,13 @@
-"""Deterministic splits of the King James Bible text into train, calibration and held-out chapters.
+"""Deterministic splits of the King James Bible text into training and held-out chapters, and the calibration
+chapters drawn from the training ones.
+
+    apt-get install -y bible-kjv
+    .venv/bin/python -m refmodel.corpus    # rewrites refmodel/data/{heldout,calibration}.jsonl and splits.json
 
 The text comes from Debian's `bible-kjv` package (public domain; see refmodel/README.md). A chapter is
 the unit of every split, so no held-out verse ever sits in a training window. The held-out and
-calibration splits are committed under refmodel/data/ so that the pipeline runs without the package;
-only retraining needs it.
+calibration chapters are committed under refmodel/data/ so that the pipeline runs without the package;
+only retraining and re-splitting need it.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ HELDOUT_FILE = DATA_DIR / "heldout.jsonl"
 CALIBRATION_FILE = DATA_DIR / "calibration.jsonl"
 SPLITS_FILE = DATA_DIR / "splits.json"
 
-# Every 20th chapter (offset 7) is held out, every 20th (offset 13) is calibration: about 5% each,
-# spread over the whole book rather than one contiguous stretch of it.
-_PERIOD, _HELDOUT_OFFSET, _CALIBRATION_OFFSET = 20, 7, 13
+# Two chapters in every 20 (offsets 7 and 13) are held out, about 10 % spread over the whole book rather than one
+# contiguous stretch of it; the model trains on the rest. Calibration (offset 3) is a sample of the training
+# chapters, as a calibration set drawn from a model's training distribution is: every chapter the model has not
+# read is left to the accuracy tasks, whose pools it bounds (refmodel/README.md, "Splits").
+_PERIOD, _HELDOUT_OFFSETS, _CALIBRATION_OFFSET = 20, (7, 13), 3
+SPLIT_RULE = "index % 20 in (7, 13) -> heldout, else train; index % 20 == 3 -> calibration (training chapters)"
 _HEADER = re.compile(r"^(\S.*\S) (\d+)$")
 _VERSE = re.compile(r"^\s+\d+ (.*)$")
 
@@ -63,18 +70,42 @@ def parse_chapters(raw: str) -> list[Chapter]:
 
 
 def split_of(index: int) -> str:
-    """The split a chapter belongs to, by its position in the book."""
-    if index % _PERIOD == _HELDOUT_OFFSET:
-        return "heldout"
-    if index % _PERIOD == _CALIBRATION_OFFSET:
-        return "calibration"
-    return "train"
+    """The split a chapter belongs to, by its position in the book: held out or trained on."""
+    return "heldout" if index % _PERIOD in _HELDOUT_OFFSETS else "train"
+
+
+def is_calibration(index: int) -> bool:
+    """Whether a chapter is in the calibration sample (always one of the training chapters)."""
+    return index % _PERIOD == _CALIBRATION_OFFSET
 
 
 def split_chapters(chapters: list[Chapter]) -> dict[str, list[Chapter]]:
     splits: dict[str, list[Chapter]] = {"train": [], "calibration": [], "heldout": []}
     for i, chapter in enumerate(chapters):
         splits[split_of(i)].append(chapter)
+        if is_calibration(i):
+            splits["calibration"].append(chapter)
+    return splits
+
+
+def write_splits(chapters: list[Chapter]) -> dict[str, list[Chapter]]:
+    """Write the held-out and calibration chapters and splits.json (with each split's sha256); return the splits."""
+    splits = split_chapters(chapters)
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    digests = {
+        "heldout": write_jsonl(HELDOUT_FILE, splits["heldout"]),
+        "calibration": write_jsonl(CALIBRATION_FILE, splits["calibration"]),
+        "train": hashlib.sha256("\n".join(c.text for c in splits["train"]).encode()).hexdigest(),
+    }
+    info = {
+        "source": "Debian package bible-kjv: bible -l0 gen1:1-rev22:21",
+        "unit": "chapter",
+        "rule": SPLIT_RULE,
+        "chapters": {k: len(v) for k, v in splits.items()},
+        "characters": {k: sum(len(c.text) for c in v) for k, v in splits.items()},
+        "sha256": digests,
+    }
+    SPLITS_FILE.write_text(json.dumps(info, indent=2) + "\n")
     return splits
 
 
@@ -88,3 +119,7 @@ def write_jsonl(path: Path, chapters: list[Chapter]) -> str:
 def read_jsonl(path: Path) -> list[Chapter]:
     with path.open(encoding="utf-8") as f:
         return [Chapter(**json.loads(line)) for line in f if line.strip()]
+
+
+if __name__ == "__main__":
+    print(json.dumps({k: len(v) for k, v in write_splits(parse_chapters(read_kjv())).items()}))

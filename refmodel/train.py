@@ -12,7 +12,6 @@ group-128 quantization applies to all of them.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import math
@@ -88,25 +87,9 @@ def window_loss(model: LlamaForCausalLM, windows: torch.Tensor) -> float:
 
 def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
-    chapters = corpus.parse_chapters(corpus.read_kjv())
-    splits = corpus.split_chapters(chapters)
-    corpus.DATA_DIR.mkdir(parents=True, exist_ok=True)
-    digests = {
-        "heldout": corpus.write_jsonl(corpus.HELDOUT_FILE, splits["heldout"]),
-        "calibration": corpus.write_jsonl(corpus.CALIBRATION_FILE, splits["calibration"]),
-    }
+    splits = corpus.write_splits(corpus.parse_chapters(corpus.read_kjv()))
+    log.info("splits: %s", {k: len(v) for k, v in splits.items()})
     train_texts = [c.text for c in splits["train"]]
-    digests["train"] = hashlib.sha256("\n".join(train_texts).encode()).hexdigest()
-    split_info = {
-        "source": "Debian package bible-kjv: bible -l0 gen1:1-rev22:21",
-        "unit": "chapter",
-        "rule": "index % 20 == 7 -> heldout, == 13 -> calibration, else train",
-        "chapters": {k: len(v) for k, v in splits.items()},
-        "characters": {k: sum(len(c.text) for c in v) for k, v in splits.items()},
-        "sha256": digests,
-    }
-    corpus.SPLITS_FILE.write_text(json.dumps(split_info, indent=2) + "\n")
-    log.info("splits: %s", split_info["chapters"])
 
     tokenizer = train_tokenizer(train_texts, args.vocab)
     stream = token_stream(tokenizer, train_texts)

@@ -74,7 +74,7 @@ def quantize(work: Path) -> dict:
     from quant.recipes import GROUP_SIZE, IGNORE
     from quant.verify import VerifyConfig, verify_checkpoint
 
-    calibration = CalibrationSpec(str(REPO / "refmodel/data/calibration.jsonl"), "train", "text", 59, 512)
+    calibration = CalibrationSpec(str(REPO / "refmodel/data/calibration.jsonl"), "train", "text", 60, 512)
     out = {}
     for precision in BUILDS:
         folder = work / precision

@@ -105,7 +105,7 @@ def cards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 SMALL = {
-    "num_samples: 59": "num_samples: 4",
+    "num_samples: 60": "num_samples: 4",
     "max_seq_length: 512": "max_seq_length: 64",
     "batch_sizes: [1, 4]": "batch_sizes: [1, 2]",
     "input_lengths: [128]": "input_lengths: [32]",

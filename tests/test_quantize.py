@@ -176,7 +176,7 @@ def test_group_size_that_does_not_divide_the_widths_is_refused(own_root):
 @pytest.mark.slow
 def test_too_small_calibration_set_is_refused(own_root):
     card = load_card("ref-small")
-    with pytest.raises(QevalError, match=r"has 59 usable samples .*calibration.num_samples asks for 500"):
+    with pytest.raises(QevalError, match=r"has 60 usable samples .*calibration.num_samples asks for 500"):
         quantize(card, "gptq", MemoryTracker(card.name), num_samples=500)
     assert (own_root / "artifacts/ref-small/gptq/quantize.failed/stage.log").is_file()
     assert finished("ref-small", "gptq", Quantized) is not None  # the earlier build stays

@@ -136,13 +136,13 @@ def test_a_build_is_scored_until_its_verdict_is_known(own_root):
     )
     card, tracker = load_card("ref-small"), MemoryTracker("ref-small")
     base = evaluate(card, "bf16", tracker).result.accuracy
-    assert base.rounds["refkjv_next_verse"] == TaskRounds(scored=300, pool=1348, why="budget spent")
+    assert base.rounds["refkjv_next_verse"] == TaskRounds(scored=300, pool=2798, why="budget spent")
     done = evaluate(card, "int8", tracker).result.accuracy
     took = done.rounds["refkjv_next_verse"]
     assert took.why == "decided" and took.scored < 300 and took.scored % 50 == 0
     folder = own_root / "artifacts/ref-small/int8/evaluate"
     ids = [json.loads(line)["doc_id"] for line in (folder / "samples_refkjv_next_verse.jsonl").open()]
-    assert ids == document_order(1348, 0)[: took.scored]
+    assert ids == document_order(2798, 0)[: took.scored]
     assert done.n_samples["refkjv_next_verse"] == took.scored
 
     decision = decide(card)
