@@ -96,6 +96,7 @@ def test_the_address_qeval_ui_prints_opens_the_runs_table_with_every_verdict(ui)
             page.wait_for_timeout(3000)  # the plots draw
             page.screenshot(path=str(SHOTS / "mlflow-charts.png"))
             charts = page.get_by_text("qeval: the decision").first.evaluate("e => e.parentElement.textContent")
+            frontier = _artifact_image(page, url, f"{card.name}@{card.gate.baseline}", "report", "frontier.png")
         except Exception:
             page.screenshot(path=str(SHOTS / "mlflow-failed.png"), full_page=True)
             raise
@@ -116,3 +117,20 @@ def test_the_address_qeval_ui_prints_opens_the_runs_table_with_every_verdict(ui)
     assert len([n for n in rows if n.startswith(f"{card.name}@")]) == len(card.precisions)
     # both scatters and the parallel coordinates (the users bar only where a server was swept)
     assert int(re.search(r"\((\d+)\)", charts).group(1)) >= 3, charts
+    # the throughput-interactivity frontier, drawn, on a swept build's own run (the report's frontier.png)
+    assert frontier["width"] > 300 and frontier["height"] > 200, frontier
+
+
+def _artifact_image(page, url: str, run: str, folder: str, name: str) -> dict:
+    """As a user finds a chart on a run: the runs table, the run's name, its Artifacts tab, the folder, the
+    file; the image's drawn size (0 where it did not load)."""
+    page.goto(url)
+    page.get_by_text(run, exact=True).first.click()
+    page.get_by_role("tab", name="Artifacts").click()
+    page.get_by_text(folder, exact=True).first.click()
+    page.get_by_text(name, exact=True).first.click()
+    image = page.locator(f"img[src*='{name}']").first
+    image.wait_for(timeout=30_000)
+    page.wait_for_function("e => e.complete && e.naturalWidth > 0", arg=image.element_handle(), timeout=30_000)
+    page.screenshot(path=str(SHOTS / f"mlflow-{name}"))
+    return image.evaluate("e => ({width: e.naturalWidth, height: e.naturalHeight})")

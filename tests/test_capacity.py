@@ -254,6 +254,45 @@ def test_a_build_is_priced_at_the_cards_per_user_speed_on_its_frontier_by_hand()
     assert slower.at_least and (slower.users, slower.output_tps) == (16, 320)
 
 
+def test_the_gate_judges_cost_at_the_cards_per_user_speed(monkeypatch):
+    """Where the card states `traffic.user_tps`, the gate judges each build's cost at that speed on its frontier:
+    int8 is dearer at its own edge (a bigger batch, slower per user) yet cheaper at 40 tokens/s each, where awq's
+    users would get less; a build no level of which gives each user that speed fails the cost rule; on a device
+    with no sweep (projected) the edge is judged, and the figure says so."""
+    from eval.capacity import usd_per_mtok
+    from pipelines.present import frontier
+
+    data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())
+    card = ModelCard.model_validate({**data, "gate": {**data["gate"], "prefer": "cost", "cost_on": "cpu"}})
+
+    def lv(per_user: float, tps: float) -> LevelMetrics:
+        return LevelMetrics(requests=8, failed=0, meets_slo=True, output_tps=tps, output_tps_per_user=per_user)
+
+    sweeps = {
+        "int8": {1: lv(60, 60), 4: lv(50, 200), 16: lv(20, 320)},  # at 40 each: 200 + 120 / 3 = 240 tokens/s
+        "awq": {1: lv(45, 45), 4: lv(35, 140), 16: lv(30, 480)},  # at 40: 45 + 95 / 2 = 92.5 tokens/s
+        "fp8": {1: lv(10, 10), 4: lv(5, 20)},  # no level gives each user 40
+    }
+    monkeypatch.setattr(frontier, "measured_sweep", lambda c, p, n, sc: ("cpu", sweeps[p]))
+    edge = {"int8": 0.10, "awq": 0.08, "fp8": 0.5}  # at each build's own edge, awq is the cheaper
+    builds = []
+    for p, at_edge in edge.items():
+        figure = frontier.with_speed(card, p, CostFigure("cpu", True, 16, 4, 0.4, at_edge, None))
+        speed = Measured(50.0, 2.0, 1.0, Execution.NATIVE, cost=figure)
+        builds.append(BuildVerdict(precision=p, verdict=Verdict.PASS, rules=[], tasks={}, speed=speed, speedup=None))
+    int8, awq, fp8 = (b.speed.cost for b in builds)
+    assert int8.judged == pytest.approx(usd_per_mtok(0.10, 240))
+    assert awq.judged == pytest.approx(usd_per_mtok(0.10, 92.5))
+    chosen, why = choose(builds, "cost", 0.03)
+    assert chosen == "int8" and "at 40 output tokens/s per user: $0.116 per 1M output tokens" in why
+    assert fp8.judged is None and fp8.too_slow and "no level swept gives each user that much" in fp8.text()
+    bound = Gate(max_cost_per_mtok=0.2)
+    assert [cost_rule(bound, b.speed).verdict for b in builds] == [Verdict.PASS, Verdict.FAIL, Verdict.FAIL]
+    # projected on the card's first GPU: no frontier there, so its edge is judged, and said so
+    projected = frontier.with_speed(card, "int8", CostFigure("h100-sxm", False, 64, 1, 2.5, 0.02, None))
+    assert projected.judged == 0.02 and "no sweep on h100-sxm, its edge judged" in projected.text()
+
+
 def _ranged(name: str, weights: float, usd: tuple[float | None, float | None]) -> BuildVerdict:
     cost = CostFigure("cpu", True, 8, 8, 0.8, usd[0], None, (6, 16), usd)
     speed = Measured(50.0, weights + 1, weights, Execution.NATIVE, cost=cost)

@@ -55,7 +55,7 @@ def test_every_make_target_the_readme_shows_is_the_makefiles():
 def test_every_section_cited_by_name_exists():
     """`README, "Running as a team"` or `docs/toolchain.md, "vLLM on a CPU"` in a comment, docstring, card or
     doc names a heading of that file: a renamed heading leaves the citation pointing nowhere."""
-    cite = re.compile(r'(README|README\.md|docs/[\w-]+\.md), "([^"]+)"')
+    cite = re.compile(r'((?:[\w-]+/)?README(?:\.md)?|docs/[\w-]+\.md), "([^"]+)"')
     places = [
         REPO / "Makefile",
         *REPO.glob("*.md"),
@@ -69,7 +69,7 @@ def test_every_section_cited_by_name_exists():
     for place in places:
         for doc, cited in cite.findall(place.read_text()):
             heading = " ".join(cited.split())  # a citation may wrap across lines
-            target = REPO / ("README.md" if doc.startswith("README") else doc)
+            target = REPO / (doc if doc.endswith(".md") else doc + ".md")  # README, or refmodel/README.md
             headings = [line.lstrip("#").strip() for line in target.read_text().splitlines() if line.startswith("#")]
             seen += 1
             if not any(h == heading or h.startswith(heading + " (") or h.startswith(heading + ": ") for h in headings):

@@ -95,6 +95,9 @@ def test_the_report_prices_measured_and_projected_capacity_and_shows_generated_t
     # every served build at the card's 40 tokens/s per user, priced where its frontier brackets that speed
     at_speed = report.split("### At 40 output tokens/s per user (matched interactivity)")[1].split("\n## ")[0]
     assert all(f"| {b} | cpu | " in at_speed for b in PRECISIONS if _result(pipeline_run, "serve", b)["vllm"])
+    # the gate judges cost on the card's first GPU, projected: no frontier there, so each build's edge, said so
+    costs = [b["speed"]["cost"] for b in pipeline_run.doc["gate"]["builds"]]
+    assert costs and all("no sweep on h100-sxm, its edge judged" in c["at_speed_why"] for c in costs)
     needs = report.split("## Documents each verdict needs")[1]  # what sizes the card's tasks
     assert all(f"| {b} | refkjv_ppl | " in needs for b in PRECISIONS[1:])
     # the generative task: output length and greedy departures per build; the needle judged by its gain

@@ -102,7 +102,11 @@ def cost_rule(policy: Gate, build: Measured) -> Rule:
     if cost is None or cost.usd_per_mtok is None:
         verdict = Verdict.FAIL if cost is not None and cost.why else Verdict.INCONCLUSIVE
         return Rule("cost", verdict, f"{where} vs max ${policy.max_cost_per_mtok:g}: {verdict}")
-    cheap = cost.usd_per_mtok_range[0] if cost.usd_per_mtok_range else cost.judged
+    if cost.judged is None and cost.user_tps is not None:
+        # not priced at the card's per-user speed: too slow for it (FAIL), or not swept on this device
+        verdict = Verdict.FAIL if cost.too_slow else Verdict.INCONCLUSIVE
+        return Rule("cost", verdict, f"{where} vs max ${policy.max_cost_per_mtok:g} per 1M: {verdict}")
+    cheap = cost.optimistic
     if cost.judged is not None and cost.judged <= policy.max_cost_per_mtok:
         verdict = Verdict.PASS  # the conservative end within it
     elif cheap is not None and cheap <= policy.max_cost_per_mtok:
@@ -127,8 +131,9 @@ def choose(builds: list[BuildVerdict], prefer: str, tie: float) -> tuple[str | N
     prefer "speed": the fastest; builds within `tie` of it count as equal and the smallest weights win.
     prefer "memory": the smallest weights; builds within `tie` of it count as equal and the fastest wins.
     prefer "cost": the cheapest per million output tokens for the card's traffic, on the conservative end of a
-    measured range (CostFigure.judged); builds within `tie` of it count as equal and the smallest weights win; a
-    build without a cost there cannot be chosen.
+    measured range (CostFigure.judged), at the card's per-user speed where it states one (`traffic.user_tps`);
+    builds within `tie` of it count as equal and the smallest weights win; a build without a cost there cannot be
+    chosen.
     """
     passed = [b for b in builds if b.verdict == Verdict.PASS]
     if not passed:

@@ -145,9 +145,9 @@ GATE_METRICS: dict[str, Getter] = {  # on every build's run, from its verdict
     "cost/users_per_instance": lambda b: b.speed.cost.users_per_instance if b.speed.cost else None,
     "cost/measured": lambda b: float(b.speed.cost.measured) if b.speed.cost else None,  # 1 measured, 0 projected
     "cost/at_most": lambda b: b.speed.cost and float(bool(b.speed.cost.at_most)),  # 1: no level missed, upper bounds
-    # its range where measured on intervals: _lo the optimistic end, _hi the conservative (CostFigure)
-    "cost/usd_per_mtok_lo": lambda b: b.speed.cost and b.speed.cost.mtok_end(0),
-    "cost/usd_per_mtok_hi": lambda b: b.speed.cost and b.speed.cost.mtok_end(1),
+    "cost/usd_per_mtok_lo": lambda b: b.speed.cost and b.speed.cost.mtok_end(0),  # the range's optimistic end
+    "cost/usd_per_mtok_hi": lambda b: b.speed.cost and b.speed.cost.mtok_end(1),  # and its conservative one
+    "cost/judged": lambda b: b.speed.cost and b.speed.cost.judged,  # what the gate judges (CostFigure.judged)
 }
 GATE_TASK = "gate/{task}/"
 GATE_GENERATION: dict[str, Getter] = {  # GATE_TASK + name, per generative task, from its `Generation`

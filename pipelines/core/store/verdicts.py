@@ -50,6 +50,14 @@ class CostFigure:
     devices_range: tuple[int | None, int | None] | None = None
     usd_per_mtok_range: tuple[float | None, float | None] | None = None
     at_most: str | None = None  # no level missed: the users a lower bound, the devices and $ upper bounds; why
+    # at the card's per-user speed (`traffic.user_tps`), on the build's throughput-interactivity frontier
+    # (pipelines/present/frontier.py): $ per million output tokens at one instance's throughput there, and its
+    # interval's ends (cheap, dear); what the gate judges wherever the card states that speed
+    user_tps: float | None = None
+    at_speed: tuple[float, float | None, float | None] | None = None
+    at_speed_bound: bool = False  # every level gave each user more: the best of them, an upper bound on the $
+    at_speed_why: str | None = None  # not priced at that speed: why
+    too_slow: bool = False  # not priced because no level swept gave each user that speed
 
     @property
     def most(self) -> str:
@@ -62,10 +70,38 @@ class CostFigure:
 
     @property
     def judged(self) -> float | None:
-        """The $ per million output tokens choices rest on: the conservative end where there is a range."""
+        """The $ per million output tokens choices rest on: the conservative end where there is a range; at the
+        card's per-user speed where it states one (None where the build was not priced there)."""
+        if self.user_tps is not None:
+            return (self.at_speed[2] or self.at_speed[0]) if self.at_speed else None
         return self.usd_per_mtok_range[1] if self.usd_per_mtok_range else self.usd_per_mtok
 
+    @property
+    def optimistic(self) -> float | None:
+        """The cheap end of what `judged` rests on (the figure itself where there is no interval)."""
+        if self.user_tps is not None:
+            return (self.at_speed[1] or self.at_speed[0]) if self.at_speed else None
+        return self.usd_per_mtok_range[0] if self.usd_per_mtok_range else self.usd_per_mtok
+
+    def speed_text(self) -> str:
+        """The cost at the card's per-user speed, as the gate judges it; why not, where the card states one and the
+        build was not priced there; "" where the card states none."""
+        if self.user_tps is None:
+            return self.at_speed_why or ""
+        where = f"at {self.user_tps:g} output tokens/s per user"
+        if self.at_speed is None:
+            return f"{where}: not priced ({self.at_speed_why or 'no sweep on this device'})"
+        point, cheap, dear = self.at_speed
+        most = "at most " if self.at_speed_bound else ""
+        ends = f" [${cheap:.3g}, ${dear:.3g}]" if cheap and dear else ""
+        return f"{where}: {most}${point:.3g}{ends} per 1M output tokens (judged on ${self.judged:.3g})"
+
     def text(self) -> str:
+        """The cost at the build's own edge; then, where the card states a per-user speed, the one judged."""
+        speed = self.speed_text()
+        return f"{self._edge_text()}; {speed}" if speed else self._edge_text()
+
+    def _edge_text(self) -> str:
         where = "measured" if self.measured else "projected"
         if self.at_most:
             where += f"; no level missed, the sweep stopped at {self.at_most}"
