@@ -129,7 +129,7 @@ def _artifact_image(page, url: str, run: str, folder: str, name: str) -> dict:
     page.get_by_role("tab", name="Artifacts").click()
     page.get_by_text(folder, exact=True).first.click()
     page.get_by_text(name, exact=True).first.click()
-    image = page.locator(f"img[src*='{name}']").first
+    image = page.locator(f"img[alt='{folder}/{name}']").first  # MLflow's preview names the image by its path
     image.wait_for(timeout=30_000)
     page.wait_for_function("e => e.complete && e.naturalWidth > 0", arg=image.element_handle(), timeout=30_000)
     page.screenshot(path=str(SHOTS / f"mlflow-{name}"))

@@ -146,10 +146,11 @@ def users_range(served: Served) -> str:
 
 def policy_text(decision: Decision) -> str:
     g = decision.policy
+    guarantee = formats.guarantee(decision)[:-1]  # a sentence of its own elsewhere, a clause here
     parts = [
         f"baseline {g.baseline}",
         f"every task's recovery at least {g.min_recovery:g} over its whole interval",
-        formats.guarantee(decision)[:-1],
+        guarantee[0].lower() + guarantee[1:],
     ]
     if g.task_min_recovery:
         parts.append("per task: " + ", ".join(f"{t} {v:g}" for t, v in g.task_min_recovery.items()))
