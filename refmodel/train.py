@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from refmodel import corpus
-from refmodel.quality import UNIGRAM_FILE, measure_quality
+from refmodel.quality import UNIGRAM_FILE, measure_all
 
 log = logging.getLogger("refmodel.train")
 MODEL_DIR = corpus.MODEL_DIR
@@ -137,7 +137,7 @@ def train(args: argparse.Namespace) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(MODEL_DIR, safe_serialization=True)
     tokenizer.save_pretrained(MODEL_DIR)
-    quality = measure_quality(MODEL_DIR)
+    quality = measure_all(MODEL_DIR)
     quality["training"] = {
         "steps": args.steps,
         "batch": args.batch,
