@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from eval import capacity
 from eval.serving import LevelMetrics
-from pipelines.core.card.cards import ModelCard
+from pipelines.core.card.cards import ModelCard, Scenario
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Served
 from pipelines.core.store.verdicts import CostFigure
@@ -40,7 +40,7 @@ class Priced:
 Sweeps = dict[str, tuple[str, dict[int, LevelMetrics]]]
 
 
-def _scenario(card: ModelCard):
+def _scenario(card: ModelCard) -> tuple[str, Scenario]:
     """The scenario the frontier is traced in: the traffic's (the card's main one without traffic)."""
     if card.traffic is not None:
         name, sc, _ = traffic_scenario(card)
