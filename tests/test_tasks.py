@@ -6,6 +6,7 @@ import hashlib
 import json
 import random
 
+import pytest
 from helpers import REPO
 
 from eval.tasks.refkjv import make_tasks
@@ -20,6 +21,7 @@ def test_committed_task_data_matches_its_digests():
         assert hashlib.sha256((TASKS / name).read_bytes()).hexdigest() == digest
 
 
+@pytest.mark.slow  # regenerates every task file from the 119 held-out chapters (seconds: out of the unit tier)
 def test_generator_reproduces_the_committed_files(tmp_path):
     chapters = corpus.read_jsonl(corpus.HELDOUT_FILE)
     made = {

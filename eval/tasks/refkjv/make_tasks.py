@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 
 from refmodel import corpus
@@ -55,9 +56,12 @@ def next_verse_items(chapters: list[corpus.Chapter], rng: random.Random) -> list
     for ci, chapter in enumerate(chapters):
         verses = chapter.text.split("\n")
         others = sorted((len(v), v) for cj, c in enumerate(chapters) if cj != ci for v in c.text.split("\n"))
+        lengths = [n for n, _ in others]
         for i in range(len(verses) - 1):
             target = verses[i + 1]
-            alike = sorted({v for n, v in others if abs(n - len(target)) <= 0.15 * len(target) and v != target})
+            # the lengths within 15 % found by bisection (a character either side), then the rule itself
+            near = others[bisect_left(lengths, 0.85 * len(target) - 1) : bisect_right(lengths, 1.15 * len(target) + 1)]
+            alike = sorted({v for n, v in near if abs(n - len(target)) <= 0.15 * len(target) and v != target})
             if len(alike) < CHOICES - 1:
                 continue
             choices = [target, *rng.sample(alike, CHOICES - 1)]
