@@ -73,6 +73,7 @@ def test_a_checkpoint_changed_after_its_build_is_refused_by_every_reader(own_roo
 
 @pytest.mark.integration
 def test_pull_delivers_only_the_bytes_the_gate_judged(own_root, tmp_path):
+    from pipelines.core.framework.weights import checkpoint_for
     from pipelines.decision.gate import gate
     from pipelines.tracking.readback import pull, verify
 
@@ -90,9 +91,8 @@ def test_pull_delivers_only_the_bytes_the_gate_judged(own_root, tmp_path):
     assert info["files"]  # the digest of the gated file list, on the registered version
 
     got = pull(tracker, "ship", tmp_path / "ok")
-    assert got["verified"] == len(
-        file_hashes(own_root / "artifacts/ref-small" / decision.chosen / "quantize/checkpoint")
-    )
+    folder, _ = checkpoint_for(card, decision.chosen)  # a KV-cache variant ships its precision's checkpoint
+    assert got["verified"] == len(file_hashes(Path(folder)))
     assert verify(tracker, info, tmp_path / "ok") == got["verified"]  # README.md (the ship card) is allowed
     (tmp_path / "ok" / "config.json").write_text("{}")
     with pytest.raises(Tampered, match=r"ok/config\.json has changed"):
