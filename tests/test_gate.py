@@ -22,6 +22,7 @@ from pipelines.present.formats import precision_colour
 from pipelines.present.report_tables import documents_section
 from pipelines.tracking.store import sqlite_store
 from quant.execution import Execution
+from quant.precisions import get_precision
 
 PASS, FAIL, INCONCLUSIVE, NOT_GATED = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.NOT_GATED
 NATIVE, EMULATED = Execution.NATIVE, Execution.EMULATED
@@ -381,7 +382,8 @@ def test_a_pulled_build_is_the_gated_one_and_a_changed_store_is_refused(shipped)
     got = _gate_cli(root, "pull", "--model", "ref-small", str(pulled), "--json")
     assert got.returncode == 0, got.stderr[-2000:]
     assert last_json_line(got.stdout)["precision"] == chosen
-    assert same_logits(pulled, root / "artifacts/ref-small" / chosen / "quantize/checkpoint")
+    built = get_precision(chosen).shares or chosen  # a KV-cache variant ships its precision's checkpoint
+    assert same_logits(pulled, root / "artifacts/ref-small" / built / "quantize/checkpoint")
     again = _gate_cli(root, "pull", "--model", "ref-small", str(pulled))
     assert again.returncode == 2 and "not an empty folder" in again.stderr
     checked = _gate_cli(root, "verify", "--model", "ref-small", str(pulled))
