@@ -69,4 +69,5 @@ def card(model: ModelOpt) -> None:
     if (shipped := tracker.shipped()) is None:
         raise QevalError(f"nothing ships for {model} in the tracking store; run: qeval gate --model {model}")
     text = ship_card(tracker, shipped["run_id"]) or shipped.get("description") or "(no ship card)"
-    out.print(text, markup=False, highlight=False, soft_wrap=True)
+    shown = "".join(c for c in text if c.isprintable() or c in "\n\t")  # the store's text: no escape reaches a terminal
+    out.print(shown, markup=False, highlight=False, soft_wrap=True)

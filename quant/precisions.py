@@ -173,6 +173,8 @@ def get_precision(name: str) -> Precision:
 def _mixed(name: str, target: str, fallback: str, kept: int) -> Precision:
     t = lookup(PRECISIONS, target, "precision")
     f = lookup(PRECISIONS, fallback, "precision")
+    if kept < 1:
+        raise ValueError(f"{name}: a mixed build keeps at least one layer group at {fallback} (0: {target} itself)")
     if target not in MIX_TARGETS:
         raise ValueError(f"a mixed build's layers go to one of {', '.join(MIX_TARGETS)}, not '{target}'")
     if f.weight_bits <= t.weight_bits:

@@ -110,7 +110,7 @@ def test_the_traffic_section_is_validated():
         Traffic(users=64, rate_rps=2.0)
     with pytest.raises(ValueError, match="users or rate_rps"):
         Traffic()
-    with pytest.raises(ValueError, match="unknown GPU 'h100'"):
+    with pytest.raises(ValueError, match=r"not a GPU in the catalog \(did you mean 'h200'\?\)"):
         Traffic(users=1, prices={"h100": 2.5})
     with pytest.raises(ValueError):
         Traffic(users=1, prices={"l4": 0})

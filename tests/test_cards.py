@@ -59,8 +59,12 @@ def test_missing_key(cards):
 
 def test_cross_field_rules(cards):
     base = REF_CARD.replace("name: ref-lm", "name: bad")
-    assert "unknown precision 'fp4'" in _error(cards, base.replace("[bf16, fp8,", "[bf16, fp4,"))
-    assert "gate.baseline 'fp16'" in _error(cards, base.replace("baseline: bf16", "baseline: fp16"))
+    assert "key 'precisions.1': not a precision qeval builds (did you mean 'fp8'?)" in _error(
+        cards, base.replace("[bf16, fp8,", "[bf16, fp4,")
+    )
+    assert "gate.baseline 'fp8'" in _error(
+        cards, base.replace("precisions: [bf16, fp8,", "precisions: [bf16,").replace("baseline: bf16", "baseline: fp8")
+    )
     no_calib = re.sub(r"calibration:\n(  .*\n)+", "", base)
     assert "precisions ['int8', 'awq', 'gptq'] need a 'calibration' section" in _error(cards, no_calib)
     both = base.replace("  path: refmodel/ref-lm", "  path: refmodel/ref-lm\n  hub_id: x/y")
@@ -76,7 +80,9 @@ def test_a_kv_cache_variant_follows_the_build_whose_checkpoint_it_serves(cards):
     )
     card_wide = base.replace("server:\n", "server:\n  kv_cache_dtype: fp8\n", 1)
     assert "with server.kv_cache_dtype auto" in _error(cards, card_wide)
-    assert "unknown KV-cache variant of 'int8' 'kv-fp4'" in _error(cards, base.replace("int8+kv-fp8", "int8+kv-fp4"))
+    assert "key 'precisions.5': not a precision qeval builds (did you mean 'int8+kv-fp8'?)" in _error(
+        cards, base.replace("int8+kv-fp8", "int8+kv-fp4")
+    )
 
 
 def test_name_must_match_file(cards):
@@ -108,3 +114,40 @@ def test_parse_card_reads_a_path(tmp_path):
     path = tmp_path / "ref-lm.yaml"
     path.write_text(REF_CARD)
     assert parse_card(path).accuracy.tasks[0] == "refkjv_ppl"
+
+
+TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("[bf16, fp8, int8, awq, gptq, int8+kv-fp8]", f"[bf16, fp8, {TOKEN}]"),
+        ("[bf16, fp8, int8, awq, gptq, int8+kv-fp8]", '[bf16, "fp8\\e[2J\\e[32mqeval: ships fp8"]'),
+        ("baseline: bf16", f"baseline: {TOKEN}"),
+        ("precisions:", f"target_gpus: [h100-sxm, {TOKEN}]\nprecisions:"),
+        ("gate:\n", f"gate:\n  cost_on: {TOKEN}\n"),
+        ("refkjv_needle: refkjv_needle_control", f"{TOKEN}: refkjv_needle_control"),
+        ("tasks: [refkjv_ppl,", f"tasks: [{TOKEN}, refkjv_ppl,"),
+        ("tasks: [refkjv_ppl,", 'tasks: ["x\\e[2J", refkjv_ppl,'),
+        ("target: gptq", f"target: {TOKEN}"),
+    ],
+)
+def test_a_name_the_card_gives_is_checked_where_it_is_read_and_never_printed_back(cards, old, new):
+    """A token pasted into a key that names something, or an escape sequence, is refused in one line that names
+    the key and does not repeat the value."""
+    text = REF_CARD.replace("name: ref-lm", "name: bad")
+    assert old in text, old
+    message = _error(cards, text.replace(old, new, 1))
+    assert TOKEN not in message and "\x1b" not in message and "AbCdEf" not in message, message
+
+
+def test_mixes_controls_and_keys_that_cannot_be_are_refused(cards):
+    base = REF_CARD.replace("name: ref-lm", "name: bad")
+    mixed = base.replace("int8+kv-fp8]", "int8+kv-fp8, gptq+0xint8]")
+    assert "gptq+0xint8: a mixed build keeps at least one layer group at int8" in _error(cards, mixed)
+    own = base.replace("refkjv_needle: refkjv_needle_control", "refkjv_needle: refkjv_needle")
+    assert "gate.controls: ['refkjv_needle'] would be their own controls" in _error(cards, own)
+    assert re.search(
+        r"bad\.yaml:\d+:\d+: not valid YAML: a key is a list, not a name", _error(cards, base + "? [a, b]\n: 1\n")
+    )

@@ -83,11 +83,13 @@ REF_SEARCH = "search:\n  target: gptq\n  fallback: int8\n"
 
 def test_the_cards_search_section_is_checked(cards):
     assert load_card("ref-lm").search.target == "gptq"
-    assert "target 'awq+1xint8' is not among" in _card(cards, "search:\n  target: awq+1xint8\n  fallback: int8\n")
+    assert "key 'search.target': a mixed build's layers go to one of fp8, int8, gptq, not 'awq'" in _card(
+        cards, "search:\n  target: awq+1xint8\n  fallback: int8\n"
+    )
     assert "target 'bf16' is not among" in _card(cards, "search:\n  target: bf16\n  fallback: int8\n")
     assert "not 'awq'" in _card(cards, "search:\n  target: awq\n  fallback: int8\n")
     assert "wider format than int8's, not gptq" in _card(cards, "search:\n  target: int8\n  fallback: gptq\n")
-    assert "fallback 'fp16' is not among" in _card(cards, "search:\n  target: gptq\n  fallback: fp16\n")
+    assert "key 'search.fallback': not a precision" in _card(cards, "search:\n  target: gptq\n  fallback: fp16\n")
     assert "max_evaluations" in _card(cards, REF_SEARCH + "  max_evaluations: 0\n")
     assert "max_effective_bits" in _card(cards, REF_SEARCH + "  max_effective_bits: 17\n")
     assert "budget" in _card(cards, REF_SEARCH + "  budget: 3\n")  # an unknown key, named

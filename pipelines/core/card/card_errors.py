@@ -4,15 +4,18 @@ key given twice."""
 
 from __future__ import annotations
 
+import re
+
 import yaml
 from pydantic import BaseModel
 
+from pipelines.core.card.names import looks_secret
 from quant.lookup import suggest
 
 
 def describe(err: dict, model: type[BaseModel]) -> str:
     """One pydantic error as 'key ...: what is expected'."""
-    loc = [str(x) for x in err["loc"]]
+    loc = [_part(x) for x in err["loc"]]
     key = ".".join(loc) or "(card)"
     if err["type"] == "extra_forbidden":
         allowed = _fields_at(model, loc[:-1])
@@ -23,6 +26,14 @@ def describe(err: dict, model: type[BaseModel]) -> str:
     if not loc:
         return msg
     return f"key '{key}': {msg} (got {_shown(err.get('input'))})"
+
+
+def _part(part: object) -> str:
+    """One step of a key's path as an error shows it: a name, or a key the card gave described by its length."""
+    text = str(part)
+    if isinstance(part, int) or (re.fullmatch(r"[A-Za-z0-9_.\-\[\]]{1,64}", text) and not looks_secret(text)):
+        return text
+    return f"<a key of {len(text)} characters>"
 
 
 def _shown(value: object) -> str:
@@ -53,6 +64,10 @@ class UniqueKeys(yaml.SafeLoader):
         seen: set = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str | int | float | bool) and key is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key is a {type(key).__name__}, not a name", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key '{key}' is given twice", key_node.start_mark)
             seen.add(key)

@@ -15,11 +15,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eval.edge import EdgeSearch
-from eval.gpus import get_gpu
 from pipelines.core.card.card_errors import UniqueKeys, describe
 from pipelines.core.card.gating import Gate
+from pipelines.core.card.names import CPU, GpuName, PrecisionName, TaskName
 from pipelines.core.card.search import Search, search_problem
-from pipelines.core.card.traffic import CPU, Traffic
+from pipelines.core.card.traffic import Traffic
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.paths import cards_dir
 from quant import recipes
@@ -79,9 +79,9 @@ Shots = Annotated[int, Field(ge=0)]
 class Accuracy(_Strict):
     """lm-eval settings, identical for every build of the model."""
 
-    tasks: list[str] = Field(min_length=1, description="lm-eval task names")
+    tasks: list[TaskName] = Field(min_length=1, description="lm-eval task names")
     include_path: str | None = Field(None, description="folder of local task YAMLs, relative to the repo")
-    num_fewshot: Shots | dict[str, Shots] | None = Field(
+    num_fewshot: Shots | dict[TaskName, Shots] | None = Field(
         None,
         description="few-shot examples per prompt: one number for every task, or per task ({mmlu: 5}; a task "
         "not named keeps its own); null: each task's own default (gsm8k's 5, most others' 0)",
@@ -229,7 +229,7 @@ class Server(_Strict):
     served_accuracy: bool = Field(
         False, description="also run the accuracy tasks against each build's server, beside the offline scores"
     )
-    served_tasks: list[str] | None = Field(None, description="tasks run against the server; null: all")
+    served_tasks: list[TaskName] | None = Field(None, description="tasks run against the server; null: all")
     served_limit: PositiveInt | None = Field(
         None, description="documents per task run against the server (the offline set's first N); null: all"
     )
@@ -241,13 +241,13 @@ class ModelCard(_Strict):
     name: str = Field(pattern=NAME_PATTERN, description="the card's file name without .yaml")
     description: str
     source: Source
-    precisions: list[str] = Field(min_length=1)
+    precisions: list[PrecisionName] = Field(min_length=1)
     calibration: Calibration | None = None
     quantization: Quantization = Quantization()
     accuracy: Accuracy
     speed: Speed
     server: Server = Server()
-    target_gpus: list[str] = Field([], description="GPUs to size the builds for")
+    target_gpus: list[GpuName] = Field([], description="GPUs to size the builds for")
     gate: Gate = Gate()
     traffic: Traffic | None = Field(None, description="the load and prices the capacity and cost tables are for")
     search: Search | None = Field(None, description="the mixed-precision search (null: none)")
@@ -275,20 +275,18 @@ class ModelCard(_Strict):
         served = set(self.server.served_tasks or []) - set(self.accuracy.tasks)
         if served:
             raise ValueError(f"server.served_tasks: {sorted(served)} are not among accuracy.tasks")
+        if own := sorted(t for t, c in self.gate.controls.items() if t == c):
+            raise ValueError(f"gate.controls: {own} would be their own controls; a control is another task")
         for key in ("task_min_recovery", "task_metric", "controls"):
             named = getattr(self.gate, key)
             if unknown := {*named, *(named.values() if key == "controls" else ())} - set(self.accuracy.tasks):
                 raise ValueError(f"gate.{key} names tasks not in accuracy.tasks: {sorted(unknown)}")
-        for gpu in [*self.target_gpus, *self.gate.must_fit]:
-            get_gpu(gpu)
         if self.gate.speed_users is not None and self.gate.speed_users not in self.speed.concurrency:
             raise ValueError(
                 f"gate.speed_users {self.gate.speed_users} is not among speed.concurrency {self.speed.concurrency}"
             )
         if self.traffic and self.traffic.scenario not in (None, *self.speed.operating_points):
             raise ValueError(f"traffic.scenario '{self.traffic.scenario}' is not among speed.scenarios")
-        if self.gate.cost_on not in (None, CPU):
-            get_gpu(self.gate.cost_on)
         costed = self.gate.prefer == "cost" or self.gate.max_cost_per_mtok is not None
         if costed and (self.traffic is None or self.cost_device not in self.traffic.prices):
             raise ValueError(f"gate: judging cost needs a traffic section with a price for '{self.cost_device}'")

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from eval.paired import Bootstrap, Threshold
+from pipelines.core.card.names import DeviceName, GpuName, PrecisionName, TaskName
 
 
 class _Strict(BaseModel):
@@ -18,6 +19,8 @@ class _Strict(BaseModel):
 
 
 PositiveInt = Annotated[int, Field(gt=0)]
+METRIC_FORM = r"^[A-Za-z0-9_][A-Za-z0-9_.,\-]{0,99}$"
+"""lm-eval metric names (acc_norm, exact_match, bits_per_byte)."""
 
 
 class Gate(_Strict):
@@ -30,16 +33,16 @@ class Gate(_Strict):
     (`prefer: cost`; ties to the smaller weights); `max_cost_per_mtok` bounds that cost.
     """
 
-    baseline: str = Field("bf16", description="precision every build is compared with")
+    baseline: PrecisionName = Field("bf16", description="precision every build is compared with")
     min_recovery: float = Field(0.99, gt=0, le=1.5, description="quantized / baseline score, at least")
-    task_min_recovery: dict[str, float] = Field({}, description="per-task overrides of min_recovery")
+    task_min_recovery: dict[TaskName, float] = Field({}, description="per-task overrides of min_recovery")
     max_ppl_increase: float | None = Field(
         None, gt=0, description="perplexity tasks: relative perplexity increase allowed instead of min_recovery"
     )
-    task_metric: dict[str, str] = Field(
+    task_metric: dict[TaskName, Annotated[str, Field(pattern=METRIC_FORM)]] = Field(
         {}, description="metric that gates a task (default: bits_per_byte, acc_norm, acc, exact_match, first)"
     )
-    controls: dict[str, str] = Field(
+    controls: dict[TaskName, TaskName] = Field(
         {},
         description="a task judged by its gain over another (its control: the same "
         "items without what it probes), document by document",
@@ -80,14 +83,14 @@ class Gate(_Strict):
         1.0, gt=0, description="decode speed-up over the baseline at speed_batch, at least (null: not gated)"
     )
     memory_budget_gb: float | None = Field(None, gt=0, description="peak memory at speed_batch allowed, GB")
-    must_fit: list[str] = Field(
+    must_fit: list[GpuName] = Field(
         [], description="GPUs (catalog names) each build must fit on one of, at the largest batch of the grid"
     )
     prefer: Literal["speed", "memory", "cost"] = Field("speed", description="how to choose among passing builds")
     max_cost_per_mtok: float | None = Field(
         None, ge=1e-6, le=1e6, allow_inf_nan=False, description="$ per million output tokens on cost_on, at most"
     )
-    cost_on: str | None = Field(None, description="device kind costs are judged on (null: the first target GPU)")
+    cost_on: DeviceName | None = Field(None, description="device kind costs are judged on (null: the first target GPU)")
     tie_tolerance: float = Field(0.03, ge=0, lt=1, description="relative difference that counts as a tie")
     stop_scoring: Literal["never", "fail", "inconclusive"] = Field(
         "never",

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from eval.paired import Bootstrap
+from pipelines.core.card.names import PrecisionName
 from quant.precisions import get_precision, mix_name
 
 ModelCard = Any  # pipelines/core/card/cards.py's, which imports this module
@@ -19,8 +20,10 @@ class Search(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    target: str = Field(description="the precision most layers go to (one of the card's: fp8, int8 or gptq)")
-    fallback: str = Field(description="the wider precision the most sensitive groups keep (the card's, or bf16)")
+    target: PrecisionName = Field(description="the precision most layers go to (one of the card's: fp8, int8 or gptq)")
+    fallback: PrecisionName = Field(
+        description="the wider precision the most sensitive groups keep (the card's, or bf16)"
+    )
     max_evaluations: PositiveInt = Field(3, description="mixed builds the search may build and evaluate, at most")
     max_weight_gb: float | None = Field(
         None, gt=0, description="candidates whose projected weights exceed this are not tried (null: no budget)"

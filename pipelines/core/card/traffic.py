@@ -14,10 +14,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eval.gpus import get_gpu
-
-CPU = "cpu"
-"""The price key of a CPU machine, the device the sweeps run on where there is no GPU."""
+from pipelines.core.card.names import CPU, DeviceName
 
 # What a card's traffic may say: finite figures within bounds no deployment reaches, so that every count
 # and dollar figure derived from them stays a number a table can print (a rate of 1e-300 requests per
@@ -50,7 +47,7 @@ class Traffic(BaseModel):
         description="output tokens/s each user is to get: every build priced on its frontier at that speed "
         "(matched interactivity); null: not priced so",
     )
-    prices: dict[str, Annotated[float, Field(ge=MIN_PRICE, le=MAX_PRICE, allow_inf_nan=False)]] = Field(
+    prices: dict[DeviceName, Annotated[float, Field(ge=MIN_PRICE, le=MAX_PRICE, allow_inf_nan=False)]] = Field(
         {}, description=f"$ per hour of one device, by GPU name (eval/gpus.py) or '{CPU}'"
     )
     projected_mbu: float = Field(
@@ -62,7 +59,4 @@ class Traffic(BaseModel):
     def _one_load(self) -> Traffic:
         if (self.users is None) == (self.rate_rps is None):
             raise ValueError("give the peak load one way: users or rate_rps")
-        for name in self.prices:
-            if name != CPU:
-                get_gpu(name)
         return self
