@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import re
 import time
 from collections.abc import Sequence
 from typing import Literal
@@ -176,8 +177,11 @@ async def one_request(session, cfg: LoadConfig, prompt: Prompt, concurrency: int
                     usage = chunk.get("usage") or usage
                     ended = ended or _finished(chunk)
         tokens = int(usage.get("completion_tokens") or counted)
+        if tokens < counted:  # each chunk counted carried a token at least: the server's account is not the stream
+            raise ValueError(f"the server's usage counts {tokens} tokens where its stream carried {counted}")
     except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError, TypeError) as e:
         why = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+        why = re.sub(r"//[^/\s@']+@", "//***@", why)  # aiohttp names the URL, with any password in it
         return RequestRecord(concurrency, index, start, time.perf_counter(), False, error=why[:300])
     end = time.perf_counter()
     short = _short(cfg, ended, tokens, counted)

@@ -73,11 +73,11 @@ class RequestRecord:
 
     @property
     def burst(self) -> bool:
-        """Its tokens arrived together (all within BURST_S), not one by one as they were generated: its
-        TTFT then includes the decode and its TPOT measures nothing (seen once on a 2-core CPU, where
-        vLLM's front end waited for a core)."""
+        """Its tokens arrived together (all within BURST_S, or in one chunk), not one by one as they were
+        generated: its TTFT then includes the decode and its TPOT measures nothing (seen once on a 2-core CPU,
+        where vLLM's front end waited for a core; a server that buffers its stream does it every time)."""
         t = self.token_times
-        return self.ok and self.output_tokens > 2 and len(t) > 2 and t[-1] - t[0] < BURST_S
+        return self.ok and self.output_tokens > 2 and (len(t) < 2 or t[-1] - t[0] < BURST_S)
 
     @property
     def itls(self) -> list[float]:

@@ -11,6 +11,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 
@@ -33,6 +34,7 @@ from pipelines.core.store.manifests import StageRecord
 from pipelines.core.store.searches import with_carried
 from pipelines.core.system import logs, progress
 from pipelines.core.system.errors import QevalError
+from pipelines.core.system.net import redact
 from pipelines.present import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Quantization evaluation pipeline.")
@@ -194,8 +196,8 @@ def serve(
 
     if url and (not precision or len(precision) != 1):
         raise QevalError("--url measures one build: name it with exactly one --precision")
-    if url and not url.startswith(("http://", "https://")):
-        raise QevalError(f"--url must be an http(s) base URL such as http://127.0.0.1:8000, not '{url}'")
+    if url and ((u := urlsplit(url)).scheme not in ("http", "https") or not u.hostname or u.query or u.fragment):
+        raise QevalError(f"--url must be an http(s) base URL such as http://127.0.0.1:8000, not '{redact(url)}'")
     _run_builds(
         model,
         precision,

@@ -52,6 +52,13 @@ REPLIES: dict[str, list[str]] = {
     "not-an-object": [_text(0), "data: [1, 2]\n\n"],
     "bad-usage": [_text(0), _event({"choices": [], "usage": {"completion_tokens": "many"}}), "data: [DONE]\n\n"],
     "drop": [_text(0), "DROP"],  # then the connection is dropped mid-response
+    # the server's account of its tokens below what its stream carried
+    "usage-low": [*(_text(i) for i in range(ASKED)), _event({"choices": [], "usage": {"completion_tokens": 1}})],
+    # every token in one event: nothing was streamed as it was generated (issue 67)
+    "one-event": [
+        _event({"choices": [{"index": 0, "text": " t", "token_ids": list(range(ASKED)), "finish_reason": "length"}]}),
+        "data: [DONE]\n\n",
+    ],
 }
 
 
@@ -127,6 +134,7 @@ def test_a_whole_stream_is_served(url):
         ("not-an-object", "malformed chunk"),
         ("bad-usage", "ValueError"),
         ("drop", "ClientPayloadError"),
+        ("usage-low", f"the server's usage counts 1 tokens where its stream carried {ASKED}"),
     ],
 )
 def test_a_stream_cut_short_or_malformed_is_a_failed_request_and_its_level_misses(url, model, says):
@@ -134,6 +142,21 @@ def test_a_stream_cut_short_or_malformed_is_a_failed_request_and_its_level_misse
     assert [r.ok for r in records] == [False, False] and all(says in r.error for r in records), records
     m = level_metrics(records, Slo(ttft_ms=10_000, tpot_ms=10_000))
     assert m.failed == 2 and not m.meets_slo and m.tpot_ms_p95 is None
+
+
+def test_tokens_sent_in_one_event_are_a_burst_and_the_level_does_not_meet_the_objective(url):
+    """A server that buffers its reply and sends every token in one event has no time per output token to show;
+    before issue 67 its TPOT read 0.005 ms and its levels met the objective."""
+    records = _one(url, "one-event")
+    assert all(r.ok and r.output_tokens == ASKED and r.burst for r in records), records
+    m = level_metrics(records, Slo(ttft_ms=10_000, tpot_ms=10_000))
+    assert m.bursts == 2 and not m.meets_slo
+
+
+def test_a_password_in_the_servers_address_is_in_no_record(url):
+    port = url.rsplit(":", 1)[1]
+    records = _one(f"http://user:PASSWORD@127.0.0.1:{int(port) + 1 if int(port) < 65535 else 1}", "whole")
+    assert all(not r.ok and r.error for r in records) and not any("PASSWORD" in r.error for r in records), records
 
 
 def test_a_short_reply_is_served_where_the_length_is_not_held(url):

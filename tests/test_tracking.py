@@ -15,9 +15,10 @@ from eval.records import Metric
 from pipelines.core.framework.registry import STAGES
 from pipelines.core.store.results import Evaluated, Quantized, StageResult, VllmSettings
 from pipelines.core.system.errors import QevalError
+from pipelines.core.system.net import redact
 from pipelines.tracking.mapping import MAPPINGS, logged
 from pipelines.tracking.names import MAX_DESCRIPTION
-from pipelines.tracking.store import redact, tracking_uri
+from pipelines.tracking.store import tracking_uri
 from pipelines.tracking.tables import (
     ENGINE_SETTINGS,
     EVAL_SETTINGS,

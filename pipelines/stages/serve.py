@@ -31,7 +31,7 @@ from pipelines.core.store.manifests import StageRecord, result_of
 from pipelines.core.store.results import Served, ServedAccuracy, Sized, VllmSettings
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
-from pipelines.core.system.net import json_or
+from pipelines.core.system.net import json_or, redact
 from pipelines.core.system.procs import running
 from pipelines.stages import engines, served_accuracy, sweep
 from quant.execution import Device, Execution
@@ -200,7 +200,7 @@ def serve(
         "engine": engine,
         "engine_version": version,
         "vllm": settings.model_dump() if settings else None,
-        "url": url,
+        "url": redact(url) if url else None,  # a password in the address is not recorded
         "load": load.model_dump(),
         # a server the user runs is not qeval's to start again; one start adds nothing to the key
         **({"starts": srv.starts} if srv.starts > 1 and not url else {}),
@@ -282,7 +282,7 @@ def _sweep(
     log.info("load generator ceiling: %.0f chunks/s at concurrency %d", ceiling.chunks_per_s, top)
     objective = card.speed.main_slo
     slo = serving.Slo(objective.ttft_ms, objective.tpot_ms)
-    where = f"the server at {url}" if url else f"its log {out / 'server.log'}"
+    where = f"the server at {redact(url)}" if url else f"its log {out / 'server.log'}"
 
     scores: ServedAccuracy | None = None
     seen = sweep.Seen()  # the server's own view of each level, where it exports vLLM's metrics; their sizing

@@ -8,7 +8,6 @@ variables, so that nothing qeval or MLflow prints carries them; every message sh
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.files import locked
-from pipelines.core.system.net import Unreachable, probe
+from pipelines.core.system.net import Unreachable, probe, redact, scrub
 from pipelines.core.system.paths import mlruns_dir
 
 
@@ -62,16 +61,6 @@ def check_server(uri: str) -> None:
         ) from None
 
 
-def redact(uri: str) -> str:
-    """The URI without user name or password, for messages."""
-    parts = urlsplit(uri)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return uri
-
-
 def store_error(uri: str, e: Exception) -> str:
     """One line for an exception from the store: what went wrong and the fix, no credentials.
 
@@ -87,11 +76,6 @@ def store_error(uri: str, e: Exception) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     reason = next((line for line in lines if "Error)" in line or "Error:" in line), lines[0] if lines else "")
     return f"the MLflow store {redact(uri)} failed: {type(e).__name__}: {reason[:300]}"
-
-
-def scrub(text: str) -> str:
-    """`text` with any credentials in URLs (`scheme://user:password@host`) replaced by ***."""
-    return re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", text)
 
 
 def sqlite_path(uri: str) -> Path | None:

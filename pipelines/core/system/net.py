@@ -7,16 +7,34 @@ the connection and never answers must not hang qeval.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+
+def redact(uri: str) -> str:
+    """The URI as messages and records show it: no user name or password, no query or fragment (where a token
+    may be passed)."""
+    parts = urlsplit(uri)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts._replace(query="***" if parts.query else "", fragment=""))
+
+
+def scrub(text: str) -> str:
+    """`text` with any credentials in URLs (`scheme://user:password@host`) replaced by ***."""
+    return re.sub(r"(\w+://)[^/\s@]+@", r"\1***@", text)
 
 
 class Unreachable(Exception):
     """Nothing answered in time, or the answer was an error: `why` says which, in a few words."""
 
     def __init__(self, url: str, why: str):
-        super().__init__(f"{url}: {why}")
-        self.url, self.why = url, why
+        super().__init__(f"{redact(url)}: {why}")
+        self.url, self.why = redact(url), why
 
 
 @cache
