@@ -17,10 +17,11 @@ def redact(uri: str) -> str:
     """The URI as messages and records show it: no user name or password, no query or fragment (where a token
     may be passed)."""
     parts = urlsplit(uri)
+    if not (parts.username or parts.password or parts.query or parts.fragment):
+        return uri  # as given: a rebuilt sqlite:////path would lose a slash
     if parts.username or parts.password:
         host = parts.hostname or ""
-        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-        parts = parts._replace(netloc=netloc)
+        parts = parts._replace(netloc=f"***@{host}" + (f":{parts.port}" if parts.port else ""))
     return urlunsplit(parts._replace(query="***" if parts.query else "", fragment=""))
 
 
