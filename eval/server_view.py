@@ -12,6 +12,8 @@ late and in one burst, else the work itself (prefill and decode time). Names as 
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
@@ -135,14 +137,44 @@ def cause(
 
 
 def read(base_url: str, timeout_s: float = 5.0) -> Snapshot | None:
-    """The server's /metrics now; None where it has none (not vLLM) or does not answer."""
+    """The server's /metrics now; None where it has none (not vLLM), does not answer whole within about
+    `timeout_s`, answers more than MAX_BYTES, or answers something that is not an exposition of finite figures
+    (a login page): a bad reading costs that reading, not the level."""
+    body = _fetch(f"{base_url}/metrics", timeout_s)
+    if body is None:
+        return None
+    try:
+        snapshot = parse(body.decode())
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return None
+    figures = [
+        *snapshot.gauges.values(),
+        *snapshot.counters.values(),
+        *(x for h in snapshot.histograms.values() for x in h),
+    ]
+    if not all(math.isfinite(x) and x >= 0 for x in figures):
+        return None
+    return snapshot if snapshot.counters or snapshot.histograms else None
+
+
+MAX_BYTES = 4 << 20
+"""A /metrics answer longer than this is not read (vLLM's is tens of kilobytes)."""
+
+
+def _fetch(url: str, timeout_s: float) -> bytes | None:
+    """The body of a 200 answer at `url`, read within `timeout_s` and MAX_BYTES in all, else None."""
     import httpx
 
+    deadline = time.monotonic() + timeout_s
+    body = bytearray()
     try:
-        reply = httpx.get(f"{base_url}/metrics", timeout=timeout_s)
+        with httpx.stream("GET", url, timeout=timeout_s) as reply:
+            if reply.status_code != 200:
+                return None
+            for chunk in reply.iter_bytes():
+                body += chunk
+                if len(body) > MAX_BYTES or time.monotonic() > deadline:
+                    return None
     except httpx.HTTPError:
         return None
-    if reply.status_code != 200:
-        return None
-    snapshot = parse(reply.text)
-    return snapshot if snapshot.counters or snapshot.histograms else None
+    return bytes(body)

@@ -54,3 +54,56 @@ def test_what_broke_a_level_by_the_servers_view():
     assert cause(engine, 0, 639).startswith("the work itself")  # late without bursts: not a delivery stall
     assert cause(engine, 4, 100).startswith("the work itself")  # bursts that did not hold the first token back
     assert parse("# nothing here\n").counters == {}  # a server that exports none of them
+
+
+@pytest.fixture(scope="module")
+def metrics_server():
+    """A loopback server whose /metrics answers as the path's first part says: whole, a login page, a drip
+    that never ends, an answer without end, or figures that are not finite."""
+    import http.server
+    import threading
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            kind = self.path.strip("/").split("/")[0]
+            self.send_response(200)
+            self.end_headers()
+            if kind == "whole":
+                self.wfile.write((DATA / "vllm_metrics_after.txt").read_bytes())
+            elif kind == "login":
+                self.wfile.write(b"<!doctype html><html><body><form>Sign in</form></body></html>\n")
+            elif kind == "nan":
+                self.wfile.write(b"vllm:num_preemptions_total NaN\nvllm:request_success_total 3\n")
+            else:
+                try:
+                    for _ in range(2000):  # "drip": a byte every 10 ms; "flood": a megabyte at a time
+                        self.wfile.write(b"#" if kind == "drip" else b"# " * (1 << 19))
+                        self.wfile.flush()
+                        time.sleep(0.01 if kind == "drip" else 0)
+                except OSError:  # the reader gave up, as it should
+                    pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads, server.block_on_close = True, False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["login", "nan", "drip", "flood"])
+def test_a_metrics_reading_that_is_not_one_costs_that_reading_within_its_bound(metrics_server, kind):
+    """Issue 67: a login page failed the whole serve stage ("invalid metric name"); an answer without end was read
+    without a bound."""
+    import time
+
+    from eval.server_view import read
+
+    assert read(f"{metrics_server}/whole").counters  # the recorded exposition, as the server sends it
+    t0 = time.monotonic()
+    assert read(f"{metrics_server}/{kind}", timeout_s=0.5) is None
+    assert time.monotonic() - t0 < 2
