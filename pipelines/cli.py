@@ -321,7 +321,7 @@ def run(
         "search": result.search.model_dump(mode="json") if result.search else None,
     }
     if result.decision is None:
-        err.print(f"qeval: nothing ships for {model}: {result.speed_half}", highlight=False)
+        err.print(f"qeval: nothing judged for {model}: {result.speed_half}", highlight=False)
         emit_json({**extra, "gate": None, "speed_half": result.speed_half}, as_json)
         return
     _gate_outcome(result.decision, as_json, extra)

@@ -153,7 +153,7 @@ def _speed_half(
     """The stages that need no weights, for every build; nothing is gated, and the report says why."""
     log.warning(
         "%s: running its speed half only (%s): %s at the model's shape with random weights, and sizing; "
-        "its quality needs the weights, so nothing ships",
+        "its quality needs the weights, so nothing is judged and what ships stays as it is",
         card.name,
         why,
         ", ".join(builds),

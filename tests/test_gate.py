@@ -565,7 +565,7 @@ def test_a_gate_of_some_builds_un_ships_only_a_build_it_judged(own_root):
     from memory_tracker import MemoryTracker
 
     from pipelines.core.card.cards import load_card
-    from pipelines.decision.gate import gate
+    from pipelines.decision.gate import gate, nothing_to_gate
 
     _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, task_min_recovery={"refkjv_ppl": 1.5})
     card, tracker = load_card("ref-small"), MemoryTracker("ref-small")
@@ -574,4 +574,14 @@ def test_a_gate_of_some_builds_un_ships_only_a_build_it_judged(own_root):
     assert some.chosen is None and [b.precision for b in some.builds] == ["int8"]
     assert tracker.shipped()["precision"] == "fp8"
     assert gate(card.model_copy(update={"precisions": ["bf16", "fp8"]}), tracker).chosen is None
+    assert tracker.shipped() is None
+    # a run that judged nothing (its speed half) leaves the alias where a gate put it (issue 67)
+    tracker.register_ship(tracker.build_run("fp8"), "fp8's checkpoint", "an earlier gate")
+    assert "fp8 still ships, from an earlier gate" in nothing_to_gate(card, tracker, "no weights here")
+    assert tracker.shipped()["precision"] == "fp8"
+    # the shipped build taken out of the card, and nothing else passing: the alias is not left on it (issue 67)
+    path = own_root / "cards" / "ref-small.yaml"
+    path.write_text(path.read_text().replace("precisions: [bf16, fp8, ", "precisions: [bf16, "))
+    assert "fp8" not in load_card("ref-small").precisions
+    assert gate(card.model_copy(update={"precisions": ["bf16", "int8"]}), tracker).chosen is None
     assert tracker.shipped() is None

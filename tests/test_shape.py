@@ -371,7 +371,7 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
     workdir, done = shape_run
     use_root(monkeypatch, workdir)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "running its speed half only" in done.stderr and "nothing ships for tiny-shape" in done.stderr
+    assert "running its speed half only" in done.stderr and "nothing judged for tiny-shape" in done.stderr
     out = last_json_line(done.stdout)
     assert out["gate"] is None and "quality needs the model's weights" in out["speed_half"]
     stages = {(s["precision"], s["stage"]) for s in out["stages"]}

@@ -28,13 +28,14 @@ from pathlib import Path
 
 from eval.paired import Generation, Scored
 from eval.stats import Comparison, Verdict
-from pipelines.core.card.cards import ModelCard
+from pipelines.core.card.cards import ModelCard, load_card
 from pipelines.core.framework.code import code_version
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.framework.weights import checkpoint_for
 from pipelines.core.store.layout import CHECKPOINT_DIR, stage_dir
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Evaluated, Quantized
+from pipelines.core.store.searches import with_carried
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured, Rule, write_decision
 from pipelines.core.system.errors import QevalError
 from pipelines.decision.inputs import (
@@ -208,8 +209,12 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
         log.info("%s: ships %s (%s)", card.name, decision.chosen, decision.why)
     elif shipped:  # a regression gate that nothing passed: what is deployed stays deployed
         log.warning("%s: nothing replaces %s: %s", card.name, shipped[0], decision.why)
-    elif (now := tracker.shipped()) is not None and now["precision"] not in card.precisions:
-        # a gate of some builds un-ships only a build it judged
+    elif (
+        (now := tracker.shipped()) is not None
+        and now["precision"] not in card.precisions
+        and now["precision"] in _still_listed(card)
+    ):
+        # a gate of some builds (qeval gate --precision) un-ships only a build it judged
         kept = now["precision"] or f"version {now['version']}"
         log.warning(
             "%s: nothing of %s ships (%s); %s still ships, not judged here",
@@ -218,17 +223,28 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
             decision.why,
             kept,
         )
-    else:
+    else:  # nothing the card builds passed, or what ships is no longer among its builds: the alias goes
         tracker.clear_ship()
         log.warning("%s: nothing ships: %s", card.name, decision.why)
     tracker.log_decision(decision, write_decision(decision))
     return decision
 
 
+def _still_listed(card: ModelCard) -> set[str]:
+    """The builds the card lists on disk (with its search's carried mix) besides those judged now: a build outside
+    them can no longer ship, and the alias is not left on it."""
+    try:
+        listed = with_carried(load_card(card.name)).precisions
+    except QevalError:
+        listed = []
+    return {*listed, *card.precisions}
+
+
 def nothing_to_gate(card: ModelCard, tracker: Tracker, why: str) -> str:
-    """A card whose quality was not measured (its weights were not had): nothing ships, alias `ship` is
-    cleared; returns the reason, as the report and the command line say it."""
+    """A card whose quality was not measured (its weights were not had): nothing is judged, so alias `ship` stays
+    where the last gate put it; returns the reason, as the report and the command line say it."""
     reason = f"its quality needs the model's weights and none were evaluated here ({why})"
-    tracker.clear_ship()
-    log.warning("%s: nothing ships: %s", card.name, reason)
+    if now := tracker.shipped():
+        reason += f"; {now['precision'] or 'version ' + str(now['version'])} still ships, from an earlier gate"
+    log.warning("%s: nothing judged: %s", card.name, reason)
     return reason
