@@ -30,6 +30,7 @@ from eval.paired import Generation, Scored
 from eval.stats import Comparison, Verdict
 from pipelines.core.card.cards import ModelCard, load_card
 from pipelines.core.framework.code import code_version
+from pipelines.core.framework.registry import stale_stage
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.framework.weights import checkpoint_for
 from pipelines.core.store.layout import CHECKPOINT_DIR, stage_dir
@@ -38,6 +39,7 @@ from pipelines.core.store.results import Evaluated, Quantized
 from pipelines.core.store.searches import with_carried
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured, Rule, write_decision
 from pipelines.core.system.errors import QevalError
+from pipelines.core.system.integrity import Tampered
 from pipelines.decision.inputs import (
     answer_flips,
     fits,
@@ -62,6 +64,7 @@ from pipelines.decision.policy import (
 from pipelines.present.shipcard import ship_card
 from pipelines.tracking.names import SHIP_ALIAS as SHIP
 from pipelines.tracking.readback import fetch_builds, fetch_shipped, logged_result
+from quant.precisions import get_precision
 
 Shipped = tuple[str, tuple[Scored, Evaluated]]  # the shipped version's name, and its evaluation
 
@@ -174,15 +177,24 @@ def checkpoint_source(card: ModelCard, tracker: Tracker, precision: str, run_id:
     return tracker.artifact_uri(run_id, where)
 
 
-def _check_local_checkpoints(card: ModelCard) -> None:
-    """Every quantized checkpoint this machine holds is the one its quantize stage built and checked (a
-    Tampered error otherwise): the gate judges those bytes, and registers them."""
+def _check_stages(card: ModelCard) -> None:
+    """Every quantized checkpoint this machine holds is the one its quantize stage built and checked (a Tampered
+    error otherwise), and every stage of a build is as it finished, having measured the weights its checkpoint
+    holds now (a QevalError naming the command that runs it again otherwise): the gate judges those bytes, and
+    registers them."""
     for precision in card.precisions:
-        if (
-            precision != card.gate.baseline
-            and (stage_dir(card.name, precision, Quantized.STAGE) / CHECKPOINT_DIR).is_dir()
-        ):
-            checkpoint_for(card, precision)
+        built = get_precision(precision).shares or precision
+        current = None  # not built on this machine: its stages come from the store, with their own record
+        if built == card.gate.baseline or (stage_dir(card.name, built, Quantized.STAGE) / CHECKPOINT_DIR).is_dir():
+            try:  # a hub model's weights are named by id and revision: nothing to fetch for that
+                hub = built == card.gate.baseline and card.source.path is None
+                current = card.source.location if hub else checkpoint_for(card, precision)[1]
+            except Tampered:
+                raise
+            except QevalError:
+                pass  # the base weights are not on this machine
+        if problem := stale_stage(card, precision, current):
+            raise QevalError(f"gate: {problem}")
 
 
 def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> Decision:
@@ -190,7 +202,7 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
 
     `against="ship"`: a regression gate, every build also compared with the build that ships now."""
     fetch_builds(card, tracker)
-    _check_local_checkpoints(card)
+    _check_stages(card)
     shipped, info = _shipped(card, tracker) if against == SHIP else (None, {})
     decision = decide(card, shipped, info)
     for b in decision.builds:

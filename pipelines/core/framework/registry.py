@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from pipelines.core.store.manifests import finished
+from pipelines.core.store.layout import stage_dir
+from pipelines.core.store.manifests import finished, not_as_left
 from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
 from pipelines.core.system.errors import QevalError
@@ -138,6 +139,25 @@ def get_stage(name: str) -> StageSpec:
 def spec_of(kind: type[StageResult]) -> StageSpec:
     """The stage whose result is `kind`."""
     return STAGES[kind.STAGE]
+
+
+def stale_stage(card: ModelCard, precision: str, current: str | None) -> str | None:
+    """The first finished stage of the build whose files are not as it left them, or that measured other weights
+    than `current` (the digest that identifies its checkpoint now; None: not known here), as one line naming the
+    command that runs it again; None where every stage holds."""
+    for spec in STAGES.values():
+        done = finished(card.name, precision, spec.result)
+        if done is None:
+            continue
+        if lost := not_as_left(stage_dir(card.name, precision, spec.name), done):
+            why = f"{lost} since it finished"
+        elif current is not None and done.inputs.get("checkpoint", current) != current:
+            why = "it measured other weights than the checkpoint holds now (built again since)"
+        else:
+            continue
+        build = f"--model {card.name} --precision {precision}"
+        return f"{card.name}@{precision} {spec.name}: {why}; rerun: qeval {spec.command} {build}"
+    return None
 
 
 def require(card: ModelCard, precision: str, kind: type[R], who: str) -> R:

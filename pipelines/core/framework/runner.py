@@ -27,7 +27,14 @@ from pipelines.core.framework.code import code_digest, code_version, environment
 from pipelines.core.framework.registry import STAGES, spec_of
 from pipelines.core.framework.tracker import ParamsChanged, Tracker
 from pipelines.core.store.layout import STAGE_LOG, build_dir
-from pipelines.core.store.manifests import Manifest, StageRecord, read_manifest, write_manifest
+from pipelines.core.store.manifests import (
+    Manifest,
+    StageRecord,
+    digests,
+    not_as_left,
+    read_manifest,
+    write_manifest,
+)
 from pipelines.core.store.results import StageResult
 from pipelines.core.system import progress
 from pipelines.core.system.errors import QevalError
@@ -126,6 +133,9 @@ def run_stage(
         for stale in final.parent.glob(f"{stage}.partial-*"):  # left by a killed run; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         done = read_manifest(final, kind)
+        if not force and done is not None and done.inputs_digest == digest and (lost := not_as_left(final, done)):
+            log.warning("%s@%s %s: %s since the stage finished: running it again", model, precision, stage, lost)
+            done = done.model_copy(update={"inputs_digest": ""})  # its time still guides the progress estimate
         if not force and done is not None and done.inputs_digest == digest:
             if altered := done.result.altered(final):
                 raise Tampered(
@@ -169,6 +179,7 @@ def run_stage(
             code=code_version(),
             result=result,
             files=[p.name for p in _files(partial)],
+            digests=digests(partial, kind),
         )
         write_manifest(partial, manifest)
         try:

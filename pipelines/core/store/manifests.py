@@ -11,9 +11,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
-from pipelines.core.store.layout import MANIFEST, stage_dir
+from pipelines.core.store.layout import MANIFEST, STAGE_LOG, stage_dir
 from pipelines.core.store.results import Record, StageResult
 from pipelines.core.system.files import atomic_write
+from pipelines.core.system.integrity import sha256
 
 R = TypeVar("R", bound=StageResult)
 
@@ -40,6 +41,31 @@ class Manifest(Record, Generic[R]):
     files: list[str] = Field(
         default_factory=list, description="the folder's other entries, as logged: a reader checks it has them all"
     )
+    digests: dict[str, str] = Field(
+        default_factory=dict,
+        description="sha256 of each file the stage left, by path in its folder, but its log and what its result "
+        "checks itself (StageResult.CHECKS_ITSELF): a stage whose files are not these is not done",
+    )
+
+
+def digests(folder: Path, kind: type[StageResult]) -> dict[str, str]:
+    """sha256 of each file in a stage's `folder` (by its path there), but its manifest, its log, what its result
+    checks itself and empty files (not logged to the store, so not read back from it)."""
+    skipped = {MANIFEST, STAGE_LOG, *kind.CHECKS_ITSELF}
+    files = (p for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink() and p.stat().st_size)
+    return {str(p.relative_to(folder)): sha256(p) for p in files if p.relative_to(folder).parts[0] not in skipped}
+
+
+def not_as_left(folder: Path, manifest: Manifest) -> str | None:
+    """The first file of a finished stage that is missing or changed since the stage left it, as a phrase; None
+    where every one is as it was."""
+    for name, digest in manifest.digests.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if sha256(path) != digest:
+            return f"{name} has changed"
+    return None
 
 
 @dataclass(frozen=True)
@@ -74,8 +100,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 
 def finished(model: str, precision: str, kind: type[R]) -> Manifest[R] | None:
-    """The build's finished stage of this kind, or None."""
-    return read_manifest(stage_dir(model, precision, kind.STAGE), kind)
+    """The build's finished stage of this kind, or None (also where the folder holds another build's: copied)."""
+    done = read_manifest(stage_dir(model, precision, kind.STAGE), kind)
+    return done if done is not None and (done.model, done.precision) == (model, precision) else None
 
 
 def result_of(model: str, precision: str, kind: type[R]) -> R | None:

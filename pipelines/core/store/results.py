@@ -47,6 +47,7 @@ class StageResult(Record):
     KEPT_LOCALLY: ClassVar[tuple[str, ...]] = ()
     """Entries of the stage's folder logged only to a store on another machine: in a store on this machine's
     disk they would be a second copy of what qeval keeps beside it."""
+    CHECKS_ITSELF: ClassVar[tuple[str, ...]] = ()  # entries its result checks (`altered`); the manifest the rest
 
     def headline(self) -> str:
         """One line for people: the stage's main figures."""
@@ -64,6 +65,7 @@ class Quantized(StageResult):
     # the checkpoint goes to a shared store too, where another machine pulls it from; in a store on this machine
     # only the build that ships is (the gate logs it: the registry's `ship` points at it)
     KEPT_LOCALLY: ClassVar[tuple[str, ...]] = (CHECKPOINT_DIR,)
+    CHECKS_ITSELF: ClassVar[tuple[str, ...]] = (CHECKPOINT_DIR,)
 
     checkpoint: str = Field(description="folder holding the weights")
     checkpoint_bytes: int = Field(description="bytes of the weight files")
