@@ -69,7 +69,7 @@ def test_a_stage_not_as_it_finished_is_named_by_the_gate_and_runs_again(own_root
     _rewritten(own_root / "artifacts/ref-small/int8/quantize/manifest.json", lambda m: m.update(inputs_digest="0" * 64))
     with pytest.raises(
         QevalError,
-        match=r"int8 evaluate: it measured other weights than the checkpoint holds now \(built again since\); rerun: qeval evaluate",
+        match=r"int8 evaluate: it measured other weights than the checkpoint holds now \(built again since\); rerun",
     ):
         gate(card, tracker)
 
