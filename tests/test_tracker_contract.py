@@ -28,8 +28,8 @@ def tracker(request, workdir) -> Tracker:
     return MlflowTracker("m")
 
 
-def _manifest(digest: str = "d1", scheme: str = "a") -> Manifest:
-    result = Quantized(checkpoint="c", checkpoint_bytes=2_000_000, scheme=scheme)
+def _manifest(digest: str = "d1", scheme: str = "a", files: dict[str, str] | None = None) -> Manifest:
+    result = Quantized(checkpoint="c", checkpoint_bytes=2_000_000, scheme=scheme, files=files)
     return Manifest[Quantized](
         model="m",
         precision="bf16",
@@ -100,6 +100,12 @@ def test_a_logged_stage_is_known_by_its_digest_and_its_files_come_back(tracker, 
     assert tracker.download(run, "bench", tmp_path / "none") is None
     with pytest.raises(ParamsChanged):  # a param holds another value: the build needs a new run
         tracker.log_stage(run, _manifest("d2", scheme="b"), [])
+    # a checkpoint built again with other bytes is another run, so that the version registered from a run's
+    # checkpoint is the bytes the gate judged (issue 67)
+    built = tracker.build_run("int8")
+    tracker.log_stage(built, _manifest("d3", files={"model.safetensors": "a" * 64}), [])
+    with pytest.raises(ParamsChanged):
+        tracker.log_stage(built, _manifest("d4", files={"model.safetensors": "b" * 64}), [])
     tracker.mark_failed(run, "quantize", "boom")
     assert tracker.logged_digest(run, "quantize") is None  # failed is not done
     assert tracker.describe_failure(RuntimeError("x"))

@@ -333,7 +333,9 @@ class MlflowTracker:
                     name, tags={TAG_MODEL: self.model}, description=f"Builds of {self.model} that passed the qeval gate"
                 )
             same = [v for v in self.client.search_model_versions(f"name='{name}'") if v.run_id == run_id]
-            same = [v for v in same if v.source == source]
+            same = [
+                v for v in same if v.source == source and (not files or v.tags.get(TAG_FILES) == hashes_digest(files))
+            ]
             version = same[0] if same else self.client.create_model_version(name, source, run_id=run_id)
             self.client.update_model_version(name, version.version, description=_description(card, why, run_id))
             if files:

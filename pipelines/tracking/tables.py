@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from pipelines.core.store.results import Quantized
+from pipelines.core.system.integrity import hashes_digest
 from pipelines.tracking.names import (
     EVAL_DOCUMENTS,
     EVAL_METRIC,
@@ -289,12 +290,11 @@ QUANTIZE_PARAMS: dict[str, Getter] = {  # derived from the result; override a se
     "quant.weight_bits": lambda q: q.proof and q.proof.weight_bits,
     "quant.group_size": lambda q: q.config and (q.config.group_size if _grouped(q) else "per-channel"),
     "quant.calibration": lambda q: q.config and q.config.calibration and q.config.calibration.dataset,
-    "quant.calibration_max_seq_length": lambda q: (
-        q.config and q.config.calibration and q.config.calibration.max_seq_length
-    ),
+    "quant.calibration_max_seq_length": lambda q: (c := q.config and q.config.calibration) and c.max_seq_length,
     "quant.calibration_samples": lambda q: q.build and q.config.calibration and q.build.calibration_samples,
     "quant.calibration_tokens": lambda q: q.build and q.config.calibration and q.build.calibration_tokens,
     "quant.calibration_sha256": lambda q: q.build and q.build.calibration_sha256,
+    "quant.files_sha256": lambda q: q.files and hashes_digest(q.files),  # new bytes, a new run (and version)
 }
 EVAL_PARAMS: dict[str, Getter] = {
     "eval.backend": lambda e: e.accuracy.backend,
