@@ -52,8 +52,8 @@ def sensitivity(
 def search(model: ModelOpt, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
     """The cheapest mixed-precision build that passes the gate's quality rules, by the card's `search:` section.
 
-    Exit status 1 when no mix passes (the reason is printed); `qeval run` runs the search too, and carries the
-    mix on through bench, size, serve and the gate.
+    Exit status 1 when no mix passes and the target does not pass as it is (the reason is printed); `qeval run` runs
+    the search too, and carries the mix on through bench, size, serve and the gate.
     """
     from pipelines.search import search as run_search
 
@@ -74,7 +74,9 @@ def search(model: ModelOpt, force: ForceOpt = False, as_json: JsonOpt = False) -
         worst = "" if t.worst is None else f"{t.worst[0]:.4f} [{t.worst[1]:.4f}, {t.worst[2]:.4f}] {t.worst_task}"
         table.add_row(kept, t.precision, f"{t.weight_bytes / 1e6:.2f}", kl, worst, str(t.verdict))
     out.print(table)
-    (out if found.chosen else err).print(f"search: {found.why}", highlight=False)
+    # the target passing as it is needs no mix: an answer, not a failure
+    answered = found.chosen or any(t.precision == found.target and t.verdict == "PASS" for t in found.uniform)
+    (out if answered else err).print(f"search: {found.why}", highlight=False)
     emit_json(found.model_dump(mode="json"), as_json)
-    if not found.chosen:
+    if not answered:
         raise typer.Exit(1)

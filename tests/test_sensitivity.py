@@ -157,3 +157,21 @@ def test_the_predicted_frontier_runs_from_the_uniform_target_to_the_uniform_fall
     assert kept_bf16[8] == pytest.approx(0, abs=1e-9)  # every group kept at the baseline's weights
     kept_int8 = frontier(model, ranked, gptq, int8, batches, [8])
     assert 0 < kept_int8[8] < kept_bf16[0]  # all at INT8: a divergence, smaller than all at 4 bits
+
+
+def test_a_card_that_ignores_every_layer_has_no_ranking(workdir, cards):
+    """Issue 67: `quantization.ignore: ["re:.*"]` had `qeval sensitivity` mark done a ranking of no layer group."""
+    from memory_tracker import MemoryTracker
+
+    from pipelines.core.card.cards import load_card
+    from pipelines.core.store.manifests import finished
+    from pipelines.core.store.ranked import Ranked
+    from pipelines.core.system.errors import QevalError
+    from pipelines.stages.sensitivity import sensitivity
+
+    text = (Path(__file__).parents[1] / "pipelines/models/ref-lm.yaml").read_text().replace("name: ref-lm", "name: bad")
+    cards("bad", text.replace("search:\n", 'quantization:\n  ignore: ["re:.*"]\nsearch:\n', 1))
+    card = load_card("bad")
+    with pytest.raises(QevalError, match=r"leaves none of the model's layers to quantize, so there is no layer group"):
+        sensitivity(card, "gptq", MemoryTracker("bad"), samples=2)
+    assert finished("bad", "gptq", Ranked) is None

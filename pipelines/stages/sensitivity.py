@@ -156,6 +156,11 @@ def measure(job: SensitivityJob, out: Path) -> Ranked:
     batches = [torch.tensor([ids], device=job.device) for ids in calib.input_ids]
     group_size = job.group_size
     groups, args = layer_groups(model.eval(), job.ignore), weight_args(precision, group_size, job.ignore)
+    if not groups:  # nothing to rank, and no mix to make: not a ranking
+        raise QevalError(
+            f"sensitivity: the card's quantization.ignore ({len(job.ignore)} patterns) leaves none of the model's "
+            "layers to quantize, so there is no layer group to rank; ignore fewer layers"
+        )
     back = weight_args(fallback, group_size, job.ignore) if get_precision(fallback).recipe else None
 
     def said(done: int, total: int) -> None:
