@@ -181,10 +181,14 @@ gate:
 
 
 def write(s: Scaffold, *, force: bool = False) -> Path:
-    """The card (and a hub model's config) saved once the card parses; an existing card needs `force`."""
+    """The card (and a hub model's config) saved once the card parses; an existing card, or another config at the
+    config's place (a card elsewhere may name it), needs `force`."""
     path = cards_dir() / f"{s.name}.yaml"
     if path.exists() and not force:
         raise QevalError(f"{path} exists; pass --force to replace it, or --name for another card")
+    config = s.shipped_config
+    if config is not None and config.exists() and not force and _json_or_none(config) != s.config:
+        raise QevalError(f"{config} exists with another architecture; pass --force to replace it, or --name")
     with tempfile.TemporaryDirectory() as tmp:  # parsed where it cannot replace anything first
         trial = Path(tmp) / path.name
         trial.write_text(s.text)
@@ -198,3 +202,10 @@ def write(s: Scaffold, *, force: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, s.text)
     return path
+
+
+def _json_or_none(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

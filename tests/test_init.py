@@ -50,6 +50,14 @@ def test_init_from_a_hub_id_ships_its_config_and_picks_a_group_size_that_divides
     assert card.source.hub_id == "acme/Tiny-Chat" and card.source.config == str(tmp_path / "configs/tiny-chat.json")
     assert card.quantization.group_size == 64 and any("group size 64" in g for g in made.guesses)
     assert json.loads(made.shipped_config.read_text())["hidden_size"] == 320
+    # the config already shipped for another model of that name, whose card is in another cards folder: it is not
+    # replaced without --force (issue 67)
+    made.shipped_config.write_text(json.dumps(TINY))
+    cards("tiny-chat", "").unlink()
+    with pytest.raises(QevalError, match=r"tiny-chat\.json exists with another architecture; pass --force"):
+        sc.write(made)
+    assert json.loads(made.shipped_config.read_text()) == TINY
+    sc.write(made, force=True)
 
 
 def test_init_refuses_what_it_cannot_read_in_one_line(cards, tmp_path, monkeypatch):
