@@ -242,3 +242,15 @@ def test_fp8_is_served_with_torchs_onednn_off_on_a_cpu_with_amx_int8(monkeypatch
     card = load_card("ref-lm")
     ckpt = resolve_weights(card)
     assert [p for p in card.precisions if not vllm_settings(card, p, ckpt, CPU).torch_onednn] == ["fp8"]
+
+
+def test_the_cpu_kv_cache_holds_one_whole_context():
+    """Issue 67: Llama 3.1 8B's card on a CPU (8,192 positions, 128 KiB of KV cache a token) asked vLLM for the
+    card's 1 GiB, and vLLM died after minutes of loading: one sequence needs 1.0 GiB and it counted 0.98 free."""
+    llama = json.loads((Path(__file__).parents[1] / "pipelines/models/configs/llama-3.1-8b.json").read_text())
+    assert sizing.Shape.from_config(llama).kv_bytes_per_token(2) * 8192 == 2**30
+    assert engines.cpu_kv_space_gb(llama, 2, 8192, 1.0) == 1.25  # raised, to a quarter GiB above 1.25x one
+    assert engines.cpu_kv_space_gb(llama, 1, 8192, 1.0) == 1.0  # an FP8 cache holds it in the card's 1 GiB
+    assert engines.cpu_kv_space_gb(llama, 2, 8192, 4.0) == 4.0  # the card's, where it is more
+    ref = json.loads((Path(__file__).parents[1] / "refmodel/ref-lm/config.json").read_text())
+    assert engines.cpu_kv_space_gb(ref, 2, 512, 1.0) == 1.0

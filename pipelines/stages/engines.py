@@ -11,6 +11,7 @@ read back from its own log, and labels the figures (quant/execution.py).
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -198,6 +199,22 @@ def gpu_memory_plan(
         return 0.9, False
     need = weights + sequences * max_model_len * shape.kv_bytes_per_token(kv_dtype_bytes) + WORKSPACE_BYTES
     return round(min(0.9, max(0.05, need / gpu_memory)), 3), True
+
+
+KV_HEADROOM = 1.25
+"""vLLM's CPU backend refuses to start unless its KV-cache space holds one whole sequence at max_model_len, and
+its own count of what is available falls a little short of the space asked for."""
+
+
+def cpu_kv_space_gb(config: dict, kv_dtype_bytes: int, max_model_len: int, asked: float) -> float:
+    """vLLM's KV-cache space on a CPU (VLLM_CPU_KVCACHE_SPACE, GiB): the card's `server.cpu_kv_cache_gb`, raised
+    where it would not hold one sequence at `max_model_len` (with KV_HEADROOM), to a whole quarter GiB."""
+    try:
+        shape = Shape.from_config(config.get("text_config", config))
+    except (ValueError, KeyError, TypeError):
+        return asked
+    one = max_model_len * shape.kv_bytes_per_token(kv_dtype_bytes) * KV_HEADROOM / 2**30
+    return max(asked, math.ceil(one * 4) / 4)
 
 
 def vllm_dtype(device: Device) -> str:

@@ -34,7 +34,7 @@ from pipelines.core.system.errors import QevalError
 from pipelines.core.system.files import file_digest
 from pipelines.core.system.nvidia import memory_back_after
 from pipelines.core.system.paths import REPO_ROOT, resolve_repo_path
-from pipelines.stages.engines import Vllm, find_vllm, gpu_memory_plan
+from pipelines.stages.engines import Vllm, cpu_kv_space_gb, find_vllm, gpu_memory_plan
 from quant.execution import compute_dtype
 from quant.precisions import kv_cache_dtype
 
@@ -213,7 +213,10 @@ def _evaluate(
 ) -> Evaluated:
     env = offline_env(card)
     if vllm is not None and compute_device().kind == "cpu":  # vLLM's CPU build sizes its cache from this
-        env = {**env, "VLLM_CPU_KVCACHE_SPACE": f"{card.server.cpu_kv_cache_gb:g}"}
+        length = cfg.max_length or model_positions(cfg.checkpoint) or 2048
+        entry = KV_DTYPE_BYTES["auto"]  # the 16-bit entries of the widest KV cache a build evaluates with
+        space = cpu_kv_space_gb(model_config(cfg.checkpoint), entry, length, card.server.cpu_kv_cache_gb)
+        env = {**env, "VLLM_CPU_KVCACHE_SPACE": f"{space:g}"}
     on_gpu = vllm is not None and compute_device().kind == "cuda"  # the next build's vLLM starts once it is back
     with memory_back_after(f"vLLM's scoring of {card.name}@{precision}", on_gpu):
         python = vllm.python if vllm else None

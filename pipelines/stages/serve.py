@@ -122,7 +122,9 @@ def vllm_settings(
         kv_cache_dtype=kv,
         enforce_eager=(not gpu or small) if srv.enforce_eager is None else srv.enforce_eager,
         gpu_memory_utilization=share,
-        cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
+        cpu_kv_cache_gb=engines.cpu_kv_space_gb(
+            model_config(checkpoint), KV_DTYPE_BYTES[kv], length, srv.cpu_kv_cache_gb
+        ),
         positions=positions if length > positions else None,
         dtype=engines.vllm_dtype(device),
         torch_onednn=not engines.torch_onednn_off(precision, device),

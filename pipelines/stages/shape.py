@@ -175,7 +175,7 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         kv_cache_dtype=kv,
         enforce_eager=(device.kind == "cpu" or small) if srv.enforce_eager is None else srv.enforce_eager,
         gpu_memory_utilization=share,
-        cpu_kv_cache_gb=srv.cpu_kv_cache_gb,
+        cpu_kv_cache_gb=engines.cpu_kv_space_gb(arch, sizing.KV_DTYPE_BYTES[kv], length, srv.cpu_kv_cache_gb),
         random_weights=True,
         dtype=engines.vllm_dtype(device),  # as the serve stage computes here: float32 where bf16 would be emulated
         torch_onednn=not engines.torch_onednn_off(precision, device),

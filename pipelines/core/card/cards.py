@@ -225,7 +225,9 @@ class Server(_Strict):
     enforce_eager: bool | None = Field(
         None, description="vLLM: no CUDA graphs or compilation; null: on a CPU only (start-up 90 s -> 40 s there)"
     )
-    cpu_kv_cache_gb: float = Field(1.0, gt=0, description="vLLM on a CPU: KV-cache space, GiB")
+    cpu_kv_cache_gb: float = Field(
+        1.0, gt=0, description="vLLM on a CPU: KV-cache space, GiB, at least (raised to hold one whole context)"
+    )
     served_accuracy: bool = Field(
         False, description="also run the accuracy tasks against each build's server, beside the offline scores"
     )
