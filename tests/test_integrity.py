@@ -340,8 +340,12 @@ def test_a_stage_read_back_without_all_its_files_is_refused(tmp_path, monkeypatc
         return Quantized(checkpoint="x", checkpoint_bytes=1, scheme="s")
 
     record = run_stage(tracker, "bf16", Quantized, {"k": 1}, work)
-    del tracker.runs[record.run_id].artifacts["quantize/records.jsonl"]  # tagged done, a file short
-    with pytest.raises(QevalError, match=r"tagged done but lacks records\.jsonl of its manifest's files"):
+    artifacts = tracker.runs[record.run_id].artifacts
+    artifacts["quantize/records.jsonl"] = b'{"changed": 1}\n'  # a store changed after the stage: its digest tells
+    with pytest.raises(QevalError, match=r"tagged done but of its manifest's files records\.jsonl has changed"):
+        fetch_stage(tracker, record.run_id, "bf16", "quantize", tmp_path / "elsewhere")
+    del artifacts["quantize/records.jsonl"]  # tagged done, a file short
+    with pytest.raises(QevalError, match=r"tagged done but of its manifest's files records\.jsonl is missing"):
         fetch_stage(tracker, record.run_id, "bf16", "quantize", tmp_path / "elsewhere")
 
 
@@ -433,7 +437,7 @@ def test_bad_environment_settings_are_one_line(tmp_path):
     done, seconds = _qeval("models", env=env_with(QEVAL_PROGRESS_S="abc", QEVAL_WORKDIR=str(tmp_path)))
     assert done.returncode == 2 and seconds < 30, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
-        "qeval: error: QEVAL_PROGRESS_S='abc' is not a number of seconds > 0; unset it for 30"
+        "qeval: error: QEVAL_PROGRESS_S is not a number of seconds from 1 to 86400 (a day); unset it for 30"
     ]
 
 

@@ -80,3 +80,15 @@ def test_a_stage_not_as_it_finished_is_named_by_the_gate_and_runs_again(own_root
     from pipelines.core.store.results import Evaluated
 
     assert finished("ref-small", "awq", Evaluated) is None
+
+
+@pytest.mark.parametrize("value", ["1e-9", "inf", "nan", "-3", "abc"])
+def test_progress_lines_come_at_a_sane_interval_or_the_setting_is_refused(monkeypatch, value):
+    """A progress interval of a nanosecond floods the log; infinity is no progress at all (issue 67)."""
+    from pipelines.core.system.progress import every_s
+
+    monkeypatch.setenv("QEVAL_PROGRESS_S", value)
+    with pytest.raises(QevalError, match=r"^QEVAL_PROGRESS_S is not a number of seconds from 1 to 86400"):
+        every_s()
+    monkeypatch.setenv("QEVAL_PROGRESS_S", "5")
+    assert every_s() == 5

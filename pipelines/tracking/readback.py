@@ -21,7 +21,7 @@ from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework.registry import JUDGED, STAGES
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.store.layout import CHECKPOINT_DIR, build_dir, gate_file, ship_dir, stage_dir
-from pipelines.core.store.manifests import read_manifest
+from pipelines.core.store.manifests import not_as_left, read_manifest
 from pipelines.core.store.results import Evaluated, StageResult
 from pipelines.core.store.verdicts import Decision
 from pipelines.core.system.errors import QevalError
@@ -63,10 +63,11 @@ def _fetch_locked(tracker: Tracker, run_id: str, precision: str, stage: str, fin
                 f"{stage}/manifest.json is {'missing' if fetched is None else 'of another run of the stage'}; "
                 f"rerun: qeval {spec.command} --model {tracker.model} --precision {precision} --force"
             )
-        if lost := [f for f in fetched.files if f not in skipped and not (got / f).exists()]:
+        lost = [f"{f} is missing" for f in fetched.files if f not in skipped and not (got / f).exists()]
+        if lost or (lost := [c for c in [not_as_left(got, fetched)] if c]):
             raise QevalError(
-                f"{tracker.model}@{precision} {stage}: the MLflow run {run_id} is tagged done but lacks "
-                f"{', '.join(lost[:3])} of its manifest's files (an upload cut short?); rerun: "
+                f"{tracker.model}@{precision} {stage}: the MLflow run {run_id} is tagged done but of its manifest's "
+                f"files {', '.join(lost[:3])} (an upload cut short, or a store changed?); rerun: "
                 f"qeval {spec.command} --model {tracker.model} --precision {precision} --force"
             )
         replace_dir(got, final)  # as a finished stage replaces the previous one

@@ -22,14 +22,15 @@ log = logging.getLogger(__name__)
 
 
 def every_s() -> float:
-    """Seconds between progress lines: $QEVAL_PROGRESS_S, else 30; QevalError for anything but a number > 0."""
+    """Seconds between progress lines: $QEVAL_PROGRESS_S, else 30; QevalError for anything but a number of seconds
+    from 1 (more often floods the log) to a day (less often, or infinity, is no progress at all)."""
     text = os.environ.get("QEVAL_PROGRESS_S") or "30"
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise QevalError(f"QEVAL_PROGRESS_S={text[:40]!r} is not a number of seconds > 0; unset it for 30")
+    if not 1 <= value <= 86_400:
+        raise QevalError("QEVAL_PROGRESS_S is not a number of seconds from 1 to 86400 (a day); unset it for 30")
     return value
 
 
