@@ -105,7 +105,7 @@ def compute_dtype(device: Device, flags: frozenset[str] | None = None) -> str:
     """The dtype transformers computes a build in on `device` (calibration, the logit check, evaluation).
 
     bfloat16 on a GPU and on a CPU with bf16 units; float32 on any other CPU, where torch emulates bf16
-    matrix products (5.5x slower than float32 on a 2-core AVX2 machine; docs/toolchain.md, "transformers").
+    matrix products, slower than float32 (docs/toolchain.md, "transformers", has the figures).
     The weights are the checkpoint's either way: bf16 values and dequantized low-bit ones are exact in
     float32; only the sums are rounded less.
     """

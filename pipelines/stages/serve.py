@@ -96,8 +96,7 @@ def vllm_settings(
     served eager in a share of it sized to the sweep (engines.gpu_memory_plan).
     vLLM computes in the dtype the offline evaluation does (quant.execution.compute_dtype), so that served
     and offline scores differ by the engines alone: the checkpoint's bf16 on a GPU and a CPU with bf16 units,
-    float32 on another CPU, where bf16 is emulated (there vLLM scored ref-lm's chapters 5.9x faster in
-    float32; docs/toolchain.md, "transformers").
+    float32 on another CPU, where bf16 is emulated and slower (docs/toolchain.md, "transformers").
     """
     srv = card.server
     positions = model_positions(checkpoint) or srv.max_model_len or 2048

@@ -223,7 +223,7 @@ class Server(_Strict):
     kv_cache_dtype: Literal["auto", "fp8"] = Field("auto", description="vLLM: every build's KV dtype (see +kv-fp8)")
     max_model_len: PositiveInt | None = Field(None, description="vLLM: context per sequence; null: the model's")
     enforce_eager: bool | None = Field(
-        None, description="vLLM: no CUDA graphs or compilation; null: on a CPU only (start-up 90 s -> 40 s there)"
+        None, description="vLLM: no CUDA graphs or compilation; null: on a CPU only (where it starts faster so)"
     )
     cpu_kv_cache_gb: float = Field(
         1.0, gt=0, description="vLLM on a CPU: KV-cache space, GiB, at least (raised to hold one whole context)"
