@@ -23,9 +23,8 @@ from pipelines.core.system.errors import QevalError
 
 log = logging.getLogger(__name__)
 SERVED_DIR = "served_accuracy"
-SERVED_BATCH = (
-    32  # prompts per completions request: the server batches them, in fewer round trips (docs/toolchain.md)
-)
+SERVED_BATCH = 32
+"""Prompts per completions request: the server batches them, in fewer round trips (docs/toolchain.md)."""
 
 
 def not_run(engine: str) -> str:
