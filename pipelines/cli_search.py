@@ -74,9 +74,7 @@ def search(model: ModelOpt, force: ForceOpt = False, as_json: JsonOpt = False) -
         worst = "" if t.worst is None else f"{t.worst[0]:.4f} [{t.worst[1]:.4f}, {t.worst[2]:.4f}] {t.worst_task}"
         table.add_row(kept, t.precision, f"{t.weight_bytes / 1e6:.2f}", kl, worst, str(t.verdict))
     out.print(table)
-    # the target passing as it is needs no mix: an answer, not a failure
-    answered = found.chosen or any(t.precision == found.target and t.verdict == "PASS" for t in found.uniform)
-    (out if answered else err).print(f"search: {found.why}", highlight=False)
+    (out if found.answered else err).print(f"search: {found.why}", highlight=False)
     emit_json(found.model_dump(mode="json"), as_json)
-    if not answered:
+    if not found.answered:
         raise typer.Exit(1)

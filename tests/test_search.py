@@ -221,3 +221,31 @@ def test_mixes_are_tried_only_where_they_could_be_the_cheapest_build_that_passes
         in candidates(Search(target="gptq", fallback="int8", max_effective_bits=4.2), frontier, undecided, "bf16")[1]
     )
     assert candidates(Search(target="gptq", fallback="bf16"), frontier, undecided[:1], "bf16") == ([1, 2, 3, 4], "")
+
+
+def test_a_search_whose_target_passes_as_it_is_has_its_answer():
+    """`qeval search` exited 1 where its target passed uniformly, which CI reads as a failure (issue 67)."""
+    from pipelines.core.store.searches import Searched
+
+    def found(target_verdict: Verdict, chosen: str | None = None) -> Searched:
+        uniform = [Tried(precision="gptq", kept=0, weight_bytes=1.0, predicted_kl=None, verdict=target_verdict)]
+        return Searched(
+            model="m",
+            target="gptq",
+            fallback="int8",
+            groups=2,
+            most_sensitive=[],
+            top_half_kl=0.0,
+            bottom_half_kl=0.0,
+            frontier=[],
+            first=None,
+            uniform=uniform,
+            tried=[],
+            max_evaluations=1,
+            chosen=chosen,
+            carried=chosen,
+            why="",
+        )
+
+    assert found(Verdict.PASS).answered and found(Verdict.FAIL, chosen="gptq+1xint8").answered
+    assert not found(Verdict.INCONCLUSIVE).answered

@@ -45,6 +45,13 @@ class Searched(Record):
     carried: str | None = Field(description="the mix the rest of the pipeline measures: chosen, else the last tried")
     why: str
 
+    @property
+    def answered(self) -> bool:
+        """A mix passes, or the target passes as it is and needs none: what `qeval search` exits 0 on."""
+        return self.chosen is not None or any(
+            t.precision == self.target and t.verdict == Verdict.PASS for t in self.uniform
+        )
+
 
 def search_file(model: str):
     return artifacts_dir() / model / "search.json"
