@@ -254,3 +254,16 @@ def test_the_cpu_kv_cache_holds_one_whole_context():
     assert engines.cpu_kv_space_gb(llama, 2, 8192, 4.0) == 4.0  # the card's, where it is more
     ref = json.loads((Path(__file__).parents[1] / "refmodel/ref-lm/config.json").read_text())
     assert engines.cpu_kv_space_gb(ref, 2, 512, 1.0) == 1.0
+
+
+def test_a_build_a_cpu_cannot_hold_is_said_before_vllm_starts():
+    """Llama 3.1 8B's bf16 shape build in float32 (a CPU without bf16 units) takes 32 GB of weights: on a machine of
+    24 GiB vLLM would load for minutes and be killed; the shape stage records it as not run, with why (issue 67)."""
+    llama = json.loads((Path(__file__).parents[1] / "pipelines/models/configs/llama-3.1-8b.json").read_text())
+    short = engines.cpu_memory_short(llama, "bf16", 128, "float32", 1.25, 24 * 2**30)
+    assert (
+        short == "its weights in float32 and a 1.25 GiB KV cache need about 33 GB, and this machine has 26 GB available"
+    )
+    assert engines.cpu_memory_short(llama, "bf16", 128, "bfloat16", 1.25, 24 * 2**30) is None  # 16 GB of weights
+    assert engines.cpu_memory_short(llama, "gptq", 128, "float32", 1.25, 24 * 2**30) is None  # 4-bit linear layers
+    assert engines.cpu_memory_short(llama, "bf16", 128, "float32", 1.25, None) is None  # not known: vLLM says

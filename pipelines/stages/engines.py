@@ -217,6 +217,25 @@ def cpu_kv_space_gb(config: dict, kv_dtype_bytes: int, max_model_len: int, asked
     return max(asked, math.ceil(one * 4) / 4)
 
 
+def cpu_memory_short(config: dict, precision: str, group_size: int, dtype: str, kv_gb: float, available: int | None):
+    """Why vLLM cannot hold this build on a CPU of `available` bytes, said before it starts (where its weights and
+    its KV-cache space need more; a None where they fit or it cannot tell): it would load for minutes and die."""
+    try:
+        shape = Shape.from_config(config.get("text_config", config))
+    except (ValueError, KeyError, TypeError):
+        return None
+    wide = 4 if dtype == "float32" else 2  # what a 16-bit tensor takes as vLLM computes it here
+    p = get_precision(precision)
+    linear = shape.linear_params * (p.bytes_per_weight(group_size) if p.weight_bits < 16 else wide)
+    need = linear + (shape.params - shape.linear_params) * wide + kv_gb * 2**30
+    if available is None or need <= available:
+        return None
+    return (
+        f"its weights in {'float32' if wide == 4 else '16 bits'} and a {kv_gb:g} GiB KV cache need about "
+        f"{need / 1e9:.0f} GB, and this machine has {available / 1e9:.0f} GB available"
+    )
+
+
 def vllm_dtype(device: Device) -> str:
     """vLLM's --dtype for a build served here (the serve and shape stages): the dtype the offline evaluation
     computes in (quant.execution.compute_dtype), `auto` (the checkpoint's) where that is bf16. What vLLM serves

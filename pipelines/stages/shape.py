@@ -29,7 +29,7 @@ from eval.gpus import peak_bandwidth
 from eval.instruments import measure_copy_bandwidth
 from eval.speed import decode_step_bytes, mid_generation_context
 from pipelines.core.card.cards import ModelCard, Slo
-from pipelines.core.framework.demands import check_sweep
+from pipelines.core.framework.demands import available_bytes, check_sweep
 from pipelines.core.framework.runner import run_stage
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.framework.weights import architecture_config
@@ -184,6 +184,10 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
     cannot = engines.vllm_cannot_run(precision, device, dtype=settings.dtype) or engines.kv_cannot_serve(
         settings.kv_cache_dtype, "vllm", device
     )
+    if device.kind == "cpu" and not cannot:
+        dtype = "float32" if settings.dtype == "float32" else "bfloat16"
+        group, kv_gb = card.quantization.group_size, settings.cpu_kv_cache_gb
+        cannot = engines.cpu_memory_short(arch, precision, group, dtype, kv_gb, available_bytes())
     version = f"{vllm.distribution} {vllm.version}"
     inputs = {
         "config": file_digest([config]),
