@@ -239,7 +239,7 @@ def size(
     as_json: JsonOpt = False,
 ) -> None:
     """Will each precision fit each GPU, with how many sequences, how fast? Offline, from the architecture."""
-    import eval.gpus as gpus
+    import eval.devices.gpus as gpus
     from pipelines.stages import size as size_stage
 
     card = with_carried(cards_mod.load_card(model))

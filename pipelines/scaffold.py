@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from eval.sizing import Shape, positive_int
+from eval.devices.sizing import Shape, positive_int
 from pipelines.core.card.cards import parse_card
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.files import atomic_write

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from eval.stats import Verdict
+from eval.quality.stats import Verdict
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.card.search import Search
 from pipelines.core.framework.tracker import Tracker

@@ -50,7 +50,7 @@ MIN_PART_S = 15  # a part is not started with less than this left of the budget
 def device() -> dict:
     import torch
 
-    from eval.gpus import gpu_for_device
+    from eval.devices.gpus import gpu_for_device
     from pipelines.core.system.device import from_probe, probe
 
     found = from_probe(probe())  # what qeval's stages ask of torch, in a child process, as they do
@@ -106,7 +106,7 @@ def quantize(work: Path) -> dict:
 
 
 def evaluate(work: Path) -> dict:
-    from eval.accuracy import AccuracyConfig, evaluate_accuracy
+    from eval.quality.accuracy import AccuracyConfig, evaluate_accuracy
 
     tasks = ["refkjv_ppl", "refkjv_next_verse", "refkjv_continue"]
     out = {}
@@ -145,7 +145,7 @@ def _bench(
     folder: Path,
     compiled: bool,
 ) -> dict:
-    from eval.engine import EngineConfig, bench_engine
+    from eval.bench.engine import EngineConfig, bench_engine
 
     folder.mkdir(parents=True, exist_ok=True)
     cfg = EngineConfig(

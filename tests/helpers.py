@@ -169,7 +169,7 @@ def same_logits(a: Path, b: Path) -> bool:
 
 def accuracy_result(scores: dict, **fields):
     """An lm-eval result as qeval keeps it, with only `scores` (and any field given) filled in."""
-    from eval.records import AccuracyResult
+    from eval.quality.records import AccuracyResult
 
     base = dict(n_samples={}, versions={}, chance={}, datasets={}, backend="hf", lm_eval_version="x", seconds=1)
     return AccuracyResult(scores=scores, **{**base, "peak_rss_mb": 1, **fields})

@@ -24,10 +24,12 @@ LAYERS = [
     ("pipelines.core.store",),
     ("pipelines.core.card",),
     ("pipelines.core.system", "pipelines.core"),
-    ("eval",),
+    ("eval.bench", "eval.load"),  # eval/ in rooms (eval/__init__.py), each above the next
+    ("eval.quality",),
+    ("eval.devices", "eval"),
     ("quant", "refmodel"),
 ]
-INDEPENDENT = [("pipelines.stages", "pipelines.decision"), ("quant", "refmodel")]
+INDEPENDENT = [("pipelines.stages", "pipelines.decision"), ("eval.bench", "eval.load"), ("quant", "refmodel")]
 """Packages of one layer that do not import each other."""
 LIBRARY = [p for folder in ("pipelines", "eval", "quant") for p in sorted((REPO / folder).rglob("*.py"))]
 # what an MLflow metric, param or tag name looks like (a file name is not one)
@@ -112,13 +114,14 @@ def test_no_import_cycle():
 
 def test_the_layer_check_sees_an_upward_import():
     made_up = {
-        "pipelines.core.card.cards": {"pipelines.stages.serve", "eval.stats"},
-        "eval.stats": {"quant.recipes"},
-        "quant.recipes": {"eval.stats"},
+        "pipelines.core.card.cards": {"pipelines.stages.serve", "eval.quality.stats"},
+        "eval.quality.stats": {"quant.recipes", "eval.load.serving"},
+        "quant.recipes": {"eval.quality.stats"},
     }
     assert _upward(made_up) == [
         "pipelines.core.card.cards (layer 6) imports pipelines.stages.serve (layer 1)",
-        "quant.recipes (layer 9) imports eval.stats (layer 8)",
+        "eval.quality.stats (layer 9) imports eval.load.serving (layer 8)",
+        "quant.recipes (layer 11) imports eval.quality.stats (layer 9)",
     ]
 
 
@@ -131,18 +134,20 @@ def test_no_stage_module_imports_another_or_the_gate():
 
 
 def test_the_cache_key_of_each_stage_covers_the_code_it_runs():
-    """The lists that drifted when they were kept by hand (issue: serve without eval/speed.py and the child
+    """The lists that drifted when they were kept by hand (issue: serve without eval/devices/speed.py and the child
     runner, bench without quant/verify.py) follow from the imports now."""
     files = {name: {str(p.relative_to(REPO)) for p in module_files(s.module)} for name, s in STAGES.items()}
     assert {
-        "eval/speed.py",
-        "eval/serving.py",
-        "eval/stream_stub.py",
+        "eval/devices/speed.py",
+        "eval/load/serving.py",
+        "eval/load/stream_stub.py",
         "pipelines/core/system/child.py",
         "pipelines/stages/engines.py",
-        "eval/paired.py",
+        "eval/quality/paired.py",
     } <= files["serve"]
-    assert {"quant/verify.py", "eval/engine.py", "eval/gpus.py", "eval/sizing.py"} <= files["bench"]
+    assert {"quant/verify.py", "eval/bench/engine.py", "eval/devices/gpus.py", "eval/devices/sizing.py"} <= files[
+        "bench"
+    ]
     assert {"quant/build.py", "quant/verify.py", "quant/cpu_awq.py", "quant/recipes.py"} <= files["quantize"]
     assert "pipelines/stages/engines.py" not in files["quantize"]  # a stage's key is its own code's
     assert not [f for fs in files.values() for f in fs if f.startswith(("pipelines/decision", "pipelines/tracking"))]
@@ -186,7 +191,12 @@ def _strings(path: Path) -> list[tuple[int, str]]:
 def test_each_library_is_imported_by_the_module_that_wraps_it():
     wrappers = {
         "mlflow": {"pipelines/tracking/mlflow_tracker.py"},
-        "lm_eval": {"eval/accuracy.py", "eval/lm_tasks.py", "eval/rounds.py", "eval/scored_rows.py"},
+        "lm_eval": {
+            "eval/quality/accuracy.py",
+            "eval/quality/lm_tasks.py",
+            "eval/quality/rounds.py",
+            "eval/quality/scored_rows.py",
+        },
         "llmcompressor": {"quant/build.py", "quant/recipes.py", "quant/cpu_awq.py"},
     }
     for library, allowed in wrappers.items():
@@ -199,10 +209,14 @@ def test_each_library_is_imported_by_the_module_that_wraps_it():
 
 
 def test_every_package_says_what_lives_there_and_no_file_is_long():
-    for init in sorted((REPO / "pipelines").rglob("__init__.py")):
+    for init in sorted([*(REPO / "pipelines").rglob("__init__.py"), *(REPO / "eval").rglob("__init__.py")]):
         assert ast.get_docstring(ast.parse(init.read_text())), f"{init.relative_to(REPO)} has no docstring"
     long = [f"{p.relative_to(REPO)}: {n}" for p in LIBRARY if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert long == []
+    # and no folder is a drawer: about a dozen modules at most (eval/ was 22 before its rooms)
+    modules = {f: len([p for p in f.glob("*.py") if p.name != "__init__.py"]) for f in {p.parent for p in LIBRARY}}
+    crowded = {str(f.relative_to(REPO)): n for f, n in modules.items() if n > 14}
+    assert crowded == {}
 
 
 def test_every_stage_of_the_registry_has_its_command_and_make_target():

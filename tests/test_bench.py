@@ -78,7 +78,7 @@ def test_speedup_is_checked_against_the_resident_bytes(benched):
 def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
     import json
 
-    from eval.engine import EngineConfig, bench_engine
+    from eval.bench.engine import EngineConfig, bench_engine
 
     shape = json.loads((REPO / "pipelines/models/configs/llama-2-7b.json").read_text())
     shape.update(
@@ -107,7 +107,7 @@ def test_no_weights_measures_a_shape_without_a_checkpoint(tmp_path):
 def _compiled_decode(folder: Path, env: dict[str, str], session: Path) -> dict:
     """The engine benchmark with decode compiled, of bf16 and of the session's gptq build, each in a child
     process as a stage runs it: compiling is most of it, beside the tests (tests/lanes.py)."""
-    from eval.engine import EngineConfig, bench_engine
+    from eval.bench.engine import EngineConfig, bench_engine
     from pipelines.core.system.child import run_child
 
     checkpoints = {"bf16": REPO / "refmodel/ref-lm", "gptq": session / "artifacts/ref-small/gptq/quantize/checkpoint"}
@@ -159,7 +159,7 @@ def test_no_weights_from_the_card_is_labelled_as_such(small_root, workdir, monke
 def test_shipped_architecture_of_a_real_card_matches_published_kv_size():
     from transformers import AutoConfig
 
-    from eval.sizing import Shape
+    from eval.devices.sizing import Shape
     from pipelines.core.card.cards import load_card
     from pipelines.core.system.paths import resolve_repo_path
 

@@ -1,4 +1,4 @@
-"""Capacity and cost (eval/capacity.py) against cases worked by hand, the card's `traffic:` section, and the
+"""Capacity and cost (eval/load/capacity.py) against cases worked by hand, the card's `traffic:` section, and the
 gate's cost rule and `prefer: cost` (pipelines/decision/policy.py) on constructed builds."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 import yaml
 from helpers import REPO
 
-from eval.capacity import PerInstance, bounds, cost, measured, project, users_for_rate
-from eval.gpus import Gpu
-from eval.serving import LevelMetrics
-from eval.sizing import Assumptions, Shape
-from eval.stats import Verdict
+from eval.devices.gpus import Gpu
+from eval.devices.sizing import Assumptions, Shape
+from eval.load.capacity import PerInstance, bounds, cost, measured, project, users_for_rate
+from eval.load.serving import LevelMetrics
+from eval.quality.stats import Verdict
 from pipelines.core.card.cards import Gate, ModelCard
 from pipelines.core.card.traffic import Traffic
 from pipelines.core.store.verdicts import BuildVerdict, CostFigure, Measured
@@ -234,7 +234,7 @@ def test_a_build_is_priced_at_the_cards_per_user_speed_on_its_frontier_by_hand()
     between), so 4 + 0.2 x 12 = 6.4 users and 180 + 0.2 x 140 = 208 tokens/s, its interval likewise; at $0.10 per
     instance-hour, 0.10 / (208 x 3600) x 1e6 = $0.1335 per million. Faster than any level gives: not priced;
     slower than every level: at least the best throughput swept."""
-    from eval.capacity import at_speed, frontier, usd_per_mtok
+    from eval.load.capacity import at_speed, frontier, usd_per_mtok
 
     def lv(per_user: float, tps: float) -> LevelMetrics:
         return LevelMetrics(
@@ -259,7 +259,7 @@ def test_the_gate_judges_cost_at_the_cards_per_user_speed(monkeypatch):
     int8 is dearer at its own edge (a bigger batch, slower per user) yet cheaper at 40 tokens/s each, where awq's
     users would get less; a build no level of which gives each user that speed fails the cost rule; on a device
     with no sweep (projected) the edge is judged, and the figure says so."""
-    from eval.capacity import usd_per_mtok
+    from eval.load.capacity import usd_per_mtok
     from pipelines.present import frontier
 
     data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from eval.compare import recoveries, recovery
+from eval.quality.compare import recoveries, recovery
 
 
 def test_recovery_is_one_when_as_good_either_way():

@@ -1,4 +1,4 @@
-"""The search for the objective's edge (eval/edge.py): bisection on concurrency after the grid, by hand and
+"""The search for the objective's edge (eval/load/edge.py): bisection on concurrency after the grid, by hand and
 against a judge whose edge is known, and a real sweep of a loopback server whose first token waits a known
 time for every request in flight."""
 
@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from eval.edge import AT_USERS, EdgeSearch, next_level, too_wide
-from eval.serving import LevelMetrics, users_interval
-from eval.stats import Verdict
+from eval.load.edge import AT_USERS, EdgeSearch, next_level, too_wide
+from eval.load.serving import LevelMetrics, users_interval
+from eval.quality.stats import Verdict
 
 P, U, F = Verdict.PASS, Verdict.INCONCLUSIVE, Verdict.FAIL  # met, too close to call, missed
 
@@ -91,11 +91,11 @@ def test_the_card_section_refuses_what_it_cannot_do():
 
 
 def _sweep_stub(tmp_path, search: EdgeSearch, ms_per_user: float, ttft_ms: float) -> dict:
-    """A real sweep (eval/loadgen.py, pipelines/stages/sweep.py) of the stub over 1, 4 and 16 users, its
+    """A real sweep (eval/load/loadgen.py, pipelines/stages/sweep.py) of the stub over 1, 4 and 16 users, its
     first token waiting `ms_per_user` for every request in flight; the sweep's summary."""
-    import eval.loadgen as loadgen
-    import eval.serving as serving
-    import eval.stream_stub as stream_stub
+    import eval.load.loadgen as loadgen
+    import eval.load.serving as serving
+    import eval.load.stream_stub as stream_stub
     from pipelines.core.system.procs import running
     from pipelines.stages import sweep
 
@@ -165,9 +165,9 @@ def test_later_server_starts_sweep_the_levels_the_first_judged(tmp_path):
     """Two starts of the stub (server.starts): the first adds a level toward the edge; the second is a fresh server
     that sweeps the same levels with as many requests, its records numbered by start; the summary judges the
     pooled requests, each level's wall time summed over the starts."""
-    import eval.loadgen as loadgen
-    import eval.serving as serving
-    import eval.stream_stub as stream_stub
+    import eval.load.loadgen as loadgen
+    import eval.load.serving as serving
+    import eval.load.stream_stub as stream_stub
     from pipelines.core.system.procs import running
     from pipelines.stages import sweep
 
@@ -216,7 +216,7 @@ def test_a_level_gets_more_requests_while_its_interval_is_wide_within_the_cards_
 
 
 def test_the_report_says_the_range_the_levels_added_and_why_each_has_its_requests():
-    from eval.loadgen import LoadSettings
+    from eval.load.loadgen import LoadSettings
     from pipelines.core.card.cards import Slo
     from pipelines.core.store.results import GeneratorCeiling, Served
     from pipelines.present.report_tables import users_range

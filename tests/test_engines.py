@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval import gpus, sizing
+from eval.devices import gpus, sizing
 from pipelines.core.card.cards import load_card
 from pipelines.core.framework.weights import resolve_weights
 from pipelines.core.store.results import Sized, VllmSettings
@@ -189,7 +189,7 @@ def test_vllm_serves_in_the_offline_evaluations_dtype_and_bf16_as_the_checkpoint
 
 def test_the_sequences_a_vllm_server_has_room_for_are_read_from_its_log():
     """vLLM's KV cache line (vllm/v1/core/kv_cache_utils.py), over a request's tokens: how far the edge search
-    past the grid may raise the load (eval/edge.py); None where the log does not say."""
+    past the grid may raise the load (eval/load/edge.py); None where the log does not say."""
     line = "(EngineCore pid=1) INFO [kv_cache_utils.py:1234] CPU KV cache size: 1,234,560 tokens, Maximum concurrency "
     assert engines.kv_room(line + "for 514 tokens per request: 2401.87x", 160) == 7716
     assert engines.kv_room("Starting to load model", 160) is None

@@ -11,8 +11,8 @@ from helpers import REPO
 from memory_tracker import MemoryTracker
 from mlflow.tracking import MlflowClient
 
-from eval import accuracy, records
-from eval.compare import recovery
+from eval.quality import accuracy, records
+from eval.quality.compare import recovery
 from pipelines.core.card.cards import load_card
 from pipelines.core.system.errors import QevalError
 from pipelines.stages.evaluate import evaluate
@@ -178,7 +178,7 @@ def test_number_bounds_fake_quantize_to_the_same_bits(kind):
     from compressed_tensors.quantization.lifecycle import forward
     from compressed_tensors.quantization.utils import calculate_range
 
-    from eval.qdq_fast import clamp_with_number_bounds
+    from eval.quality.qdq_fast import clamp_with_number_bounds
 
     args = QuantizationArgs(num_bits=8, type=kind, strategy="token", symmetric=True, dynamic=True)
     # upstream still hands the range as tensors, the slow clamp this works around: when it stops, drop the patch
@@ -218,8 +218,8 @@ def test_fp8_by_lookup_rounds_to_the_same_bits():
     from compressed_tensors.quantization.lifecycle import forward, forward_helpers
     from compressed_tensors.quantization.quant_args import round_to_quantized_type_args
 
-    from eval import qdq_fast
-    from eval.qdq_fast import fp8_back_by_lookup
+    from eval.quality import qdq_fast
+    from eval.quality.qdq_fast import fp8_back_by_lookup
 
     fp8 = QuantizationArgs(num_bits=8, type="float", strategy="token", symmetric=True, dynamic=True)
     int8 = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
@@ -259,7 +259,7 @@ def test_fp8_by_lookup_rounds_to_the_same_bits():
 
 
 def test_log_softmax_over_scored_rows_gives_upstreams_records(tmp_path, monkeypatch):
-    """lm-eval's log-likelihood loop with the log-softmax over the rows it scores (eval/scored_rows.py) writes
+    """lm-eval's log-likelihood loop with the log-softmax over the rows it scores (eval/quality/scored_rows.py) writes
     the records upstream's writes, byte for byte: a rolling task (every position scored), the needle (a verse's
     rest after hundreds of positions) and a multiple-choice task; a class with a loop of its own (whose logits
     come log-softmaxed) gets upstream's selection."""
@@ -267,7 +267,7 @@ def test_log_softmax_over_scored_rows_gives_upstreams_records(tmp_path, monkeypa
     import torch.nn.functional as torch_F
     from lm_eval.models import huggingface
 
-    from eval import scored_rows
+    from eval.quality import scored_rows
 
     patched = huggingface.HFLM._select_cont_toks  # an in-process evaluation earlier in the session may have patched
     monkeypatch.setattr(huggingface, "F", torch_F)
@@ -302,14 +302,14 @@ def test_log_softmax_over_scored_rows_gives_upstreams_records(tmp_path, monkeypa
 
 def test_a_zero_point_of_plus_zero_left_unsubtracted_gives_the_same_bits():
     """compressed-tensors' fused quantize-dequantize with the zero point's subtraction left out where it is +0.0
-    (eval/qdq_fast.py): INT8's and FP8's fake quantization, -0.0 and values that round to zero from either side
+    (eval/quality/qdq_fast.py): INT8's and FP8's fake quantization, -0.0 and values that round to zero from either side
     among the inputs, the same bits in each dtype; a zero point that is not +0.0 everywhere (-0.0, or an
     asymmetric scheme's) goes to upstream."""
     import torch
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle import forward, forward_helpers
 
-    from eval.qdq_fast import zero_point_not_subtracted
+    from eval.quality.qdq_fast import zero_point_not_subtracted
 
     x = torch.randn(4, 64, 256, generator=torch.Generator().manual_seed(0)) * 3
     x[0, 0, :32] = -0.0

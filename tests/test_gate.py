@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers import accuracy_result, env_with, last_json_line, qeval, root_env, same_logits
 
-from eval.paired import Scored, generation, paired
-from eval.records import GENERATED_IDS, Metric, leaves
-from eval.stats import Verdict, compare
-from eval.stopping import StopScoring, TaskRule, first_stop
+from eval.quality.paired import Scored, generation, paired
+from eval.quality.records import GENERATED_IDS, Metric, leaves
+from eval.quality.stats import Verdict, compare
+from eval.quality.stopping import StopScoring, TaskRule, first_stop
 from pipelines.core.card.cards import Gate
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from pipelines.decision.policy import choose, combine, length_rule, memory_rule, speed_rule, task_rule
@@ -135,8 +135,8 @@ def test_speed_rule_in_the_server_regime_uses_goodput():
 
 
 def test_fit_rule_names_the_gpus_a_build_does_not_fit():
-    from eval.gpus import get_gpu
-    from eval.sizing import Shape, fit
+    from eval.devices.gpus import get_gpu
+    from eval.devices.sizing import Shape, fit
     from pipelines.decision.policy import fit_rule
 
     llama8b = Shape(

@@ -18,18 +18,18 @@ import lanes
 import pytest
 from helpers import REPO, card_env, env_with, qeval, qeval_timed, root_env
 
-import eval.engine as engine_mod
+import eval.bench.engine as engine_mod
 import pipelines.core.system.device as device_mod
 import pipelines.present.capacity as capacity_mod
 import pipelines.stages.evaluate as evaluate_mod
 from conftest import small_card_text
-from eval.accuracy import model_args
-from eval.gpus import get_gpu
-from eval.kvcache import attention_name
-from eval.loadgen import LoadSettings
-from eval.paired import gating_metric
-from eval.records import Metric
-from eval.serving import LevelMetrics
+from eval.devices.gpus import get_gpu
+from eval.load.loadgen import LoadSettings
+from eval.load.serving import LevelMetrics
+from eval.quality.accuracy import model_args
+from eval.quality.kvcache import attention_name
+from eval.quality.paired import gating_metric
+from eval.quality.records import Metric
 from pipelines.core.card.cards import load_card, parse_card
 from pipelines.core.framework.code import environment
 from pipelines.core.store.results import GeneratorCeiling, Served, VllmSettings
@@ -221,7 +221,7 @@ def test_scoring_on_vllm_initialises_no_cuda_before_vllm_forks_its_engine(monkey
     import lm_eval
     import torch
 
-    import eval.accuracy as accuracy
+    import eval.quality.accuracy as accuracy
 
     touched: list[str] = []
 
@@ -272,7 +272,7 @@ def test_a_task_that_fails_on_vllm_is_not_scored_and_the_others_stand(monkeypatc
     import lm_eval
     import lm_eval.api.registry as registry
 
-    import eval.accuracy as accuracy
+    import eval.quality.accuracy as accuracy
 
     def simple_evaluate(model, tasks, **kwargs):
         (task,) = tasks
@@ -480,7 +480,7 @@ def test_the_fake_quantization_range_is_read_once_per_format(monkeypatch):
     from compressed_tensors.quantization.lifecycle import forward
     from compressed_tensors.quantization.utils import calculate_range
 
-    from eval.qdq_fast import clamp_with_number_bounds
+    from eval.quality.qdq_fast import clamp_with_number_bounds
 
     asked = []
 
@@ -613,8 +613,8 @@ def test_a_task_that_makes_its_documents_gets_the_tokenizer_and_a_seed(tmp_path)
     judged on other needles."""
     import lm_eval
 
-    from eval.accuracy import AccuracyConfig
-    from eval.lm_tasks import load_tasks
+    from eval.quality.accuracy import AccuracyConfig
+    from eval.quality.lm_tasks import load_tasks
 
     ruler = Path(lm_eval.__file__).parent / "tasks/ruler"  # found there alone: lm-eval's whole index is not read
     cfg = AccuracyConfig(
@@ -635,9 +635,9 @@ def test_a_task_that_makes_its_documents_gets_the_tokenizer_and_a_seed(tmp_path)
 
 def _engine_tasks(folder: Path, env: dict[str, str]) -> list[tuple[list[str], str | None, object]]:
     """Every task of every card qeval ships, loaded by the engine's Python as the evaluate stage has it do before
-    any build (eval/accuracy.py, tasks_load): the hub's tasks in one child, each local folder's in another. Beside
-    the tests (tests/lanes.py)."""
-    from eval.accuracy import AccuracyConfig, tasks_load
+    any build (eval/quality/accuracy.py, tasks_load): the hub's tasks in one child, each local folder's in another.
+    Beside the tests (tests/lanes.py)."""
+    from eval.quality.accuracy import AccuracyConfig, tasks_load
     from pipelines.core.system.child import run_child
     from pipelines.stages.engines import ENGINE_VENV
 
@@ -722,7 +722,7 @@ def test_the_emulated_fp8_cache_rounds_the_query_only_when_asked():
     import torch
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from eval.kvcache import fp8_kv_attention
+    from eval.quality.kvcache import fp8_kv_attention
 
     def fp8(t):
         return t.to(torch.float8_e4m3fn).to(t.dtype)
@@ -774,7 +774,7 @@ def test_the_next_vllm_waits_until_the_gpus_memory_is_back(tmp_path, monkeypatch
     one line where it is not back)."""
     import sys
 
-    from eval import stream_stub
+    from eval.load import stream_stub
     from pipelines.core.system import nvidia, procs
 
     bin_dir = tmp_path / "bin"

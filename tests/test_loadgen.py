@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from eval.loadgen import LoadConfig, sweep
-from eval.serving import Slo, level_metrics
+from eval.load.loadgen import LoadConfig, sweep
+from eval.load.serving import Slo, level_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def _app():
 
         async def stream():
             for part in REPLIES[body["model"]]:
-                await asyncio.sleep(0.005)  # a token at a time, not a burst (eval/serving.py)
+                await asyncio.sleep(0.005)  # a token at a time, not a burst (eval/load/serving.py)
                 if part == "DROP":
                     raise ConnectionResetError("dropped")
                 yield part
@@ -206,7 +206,7 @@ def test_an_interrupt_in_one_of_the_sweeps_tasks_is_said_once(caplog):
     import gc
     import logging
 
-    from eval.loadgen import _quiet_on_interrupt
+    from eval.load.loadgen import _quiet_on_interrupt
 
     async def interrupted() -> None:
         raise KeyboardInterrupt

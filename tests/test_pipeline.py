@@ -13,7 +13,7 @@ from helpers import last_json_line, processes_naming, qeval, root_env
 from mlflow.tracking import MlflowClient
 
 from conftest import SERVED
-from eval.serving import read_csv
+from eval.load.serving import read_csv
 from pipelines.core.card.cards import load_card
 from pipelines.core.store.searches import with_carried
 from pipelines.core.store.verdicts import Decision
@@ -260,8 +260,8 @@ def test_a_generative_task_runs_greedily_through_the_server_as_offline(pipeline_
     baseline on the same documents: the served generations stop at the line's end, are scored per document,
     and are mostly the offline ones, word for word (both greedy, in one dtype; a prompt off by one token
     would make every one differ)."""
-    import eval.paired
-    from eval.records import AccuracyResult
+    import eval.quality.paired
+    from eval.quality.records import AccuracyResult
 
     served = _record(pipeline_run, "serve", "bf16")
     offline = _record(pipeline_run, "evaluate", "bf16")
@@ -280,8 +280,10 @@ def test_a_generative_task_runs_greedily_through_the_server_as_offline(pipeline_
     assert same >= 4, (same, served_text, offline_text)
     # the paired reading the gate and the serve stage use: served against offline, in generated tokens
     results = {"offline": offline["result"]["accuracy"], "served": served["result"]["accuracy"]["accuracy"]}
-    both = [eval.paired.Scored(folders[k], AccuracyResult.model_validate(results[k])) for k in ("offline", "served")]
-    g = eval.paired.generation("refkjv_continue", *both, band=0.1, bootstrap=load_card("ref-lm").gate.bootstrap)
+    both = [
+        eval.quality.paired.Scored(folders[k], AccuracyResult.model_validate(results[k])) for k in ("offline", "served")
+    ]
+    g = eval.quality.paired.generation("refkjv_continue", *both, band=0.1, bootstrap=load_card("ref-lm").gate.bootstrap)
     assert g.departures.identical == same and g.length.n == 6
     assert served["result"]["accuracy"]["vs_offline"]["refkjv_continue"]["identical"] == same
 

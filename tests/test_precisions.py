@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from eval.gpus import CATALOG, get_gpu
-from eval.sizing import Shape, fit, weight_bytes
+from eval.devices.gpus import CATALOG, get_gpu
+from eval.devices.sizing import Shape, fit, weight_bytes
 from pipelines.core.store.results import Quantized
 from pipelines.core.system.paths import REPO_ROOT
 from pipelines.tracking.mapping import logged

@@ -1,4 +1,4 @@
-"""Tasks scored in rounds (eval/rounds.py): the gate's order, a build stopped once its verdict is known, and the
+"""Tasks scored in rounds (eval/quality/rounds.py): the gate's order, a build stopped once its verdict is known, and the
 gate's pairing of what it scored with the baseline's first documents."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from eval.paired import Bootstrap, Scored, Threshold, paired
-from eval.records import AccuracyResult, Metric, TaskRounds
-from eval.rounds import document_order
-from eval.sequential import scoring_order
-from eval.stats import Verdict
+from eval.quality.paired import Bootstrap, Scored, Threshold, paired
+from eval.quality.records import AccuracyResult, Metric, TaskRounds
+from eval.quality.rounds import document_order
+from eval.quality.sequential import scoring_order
+from eval.quality.stats import Verdict
 
 TASK = "refkjv_x"
 

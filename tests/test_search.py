@@ -10,7 +10,7 @@ import math
 import pytest
 from helpers import REPO
 
-from eval.stats import Verdict
+from eval.quality.stats import Verdict
 from pipelines.core.card.cards import load_card
 from pipelines.core.card.search import Search
 from pipelines.core.store.ranked import Candidate, Ranked, RankedGroup

@@ -1,5 +1,5 @@
-"""The gate's confidence sequences (eval/sequential.py) on synthetic paired documents with a known recovery, read
-after every round as the gate reads them: at the threshold they pass at most alpha of the time; half a point above
+"""The gate's confidence sequences (eval/quality/sequential.py) on synthetic paired documents with a known recovery,
+read after every round as the gate reads them: at the threshold they pass at most alpha of the time; half a point above
 it they pass at least 90 % of the time within the pool the sequence plans; a fixed-size interval read the same way
 passes far more than alpha of the time at the threshold, which is why the sequence is needed."""
 
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from eval import sequential
+from eval.quality import sequential
 
 THRESHOLD, ALPHA, RUNS, EVERY = 0.99, 0.05 / 6, 2000, 100  # alpha: the card's 5 % split over ref-lm's six builds
 

@@ -12,7 +12,7 @@ from helpers import qeval, root_env
 from mlflow.tracking import MlflowClient
 
 from conftest import copy_root
-from eval.serving import read_csv
+from eval.load.serving import read_csv
 from pipelines.core.card.cards import load_card
 from pipelines.stages.serve import serve
 from pipelines.tracking.mlflow_tracker import MlflowTracker

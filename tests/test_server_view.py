@@ -1,4 +1,4 @@
-"""The server's own view of a load level (eval/server_view.py), on vLLM's /metrics as a vLLM 0.32 server of
+"""The server's own view of a load level (eval/load/server_view.py), on vLLM's /metrics as a vLLM 0.32 server of
 ref-lm exported it, read before and after 8 concurrent requests (tests/data/vllm_metrics_*.txt: its `vllm:`
 families, as recorded)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers import REPO
 
-from eval.server_view import ServerView, between, cause, parse
+from eval.load.server_view import ServerView, between, cause, parse
 
 DATA = REPO / "tests/data"
 
@@ -101,7 +101,7 @@ def test_a_metrics_reading_that_is_not_one_costs_that_reading_within_its_bound(m
     without a bound."""
     import time
 
-    from eval.server_view import read
+    from eval.load.server_view import read
 
     assert read(f"{metrics_server}/whole").counters  # the recorded exposition, as the server sends it
     t0 = time.monotonic()

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from eval.serving import (
+from eval.load.serving import (
     LevelMetrics,
     RequestRecord,
     Slo,
@@ -100,7 +100,7 @@ def test_records_survive_the_csv(tmp_path):
 
 
 def test_a_percentiles_bootstrap_interval_by_hand():
-    from eval.stats import percentile_interval
+    from eval.quality.stats import percentile_interval
 
     assert percentile_interval([7.0] * 12, 95) == (7.0, 7.0, 7.0)  # no spread, no interval
     assert all(math.isnan(x) for x in percentile_interval([], 95))
@@ -131,7 +131,7 @@ def test_a_levels_throughput_interval_by_hand():
 
 
 def test_intervals_over_several_server_starts_by_hand():
-    from eval.stats import percentile_interval, ratio_interval
+    from eval.quality.stats import percentile_interval, ratio_interval
 
     # two starts, each steady within itself: 100 ms in the first, 300 ms in the second
     values, starts = [100.0] * 10 + [300.0] * 10, [0] * 10 + [1] * 10
@@ -149,7 +149,7 @@ def test_intervals_over_several_server_starts_by_hand():
 
 
 def test_a_speedups_interval_and_a_crossing_within_the_noise_by_hand():
-    from eval.speedup import crossovers, speedup_intervals
+    from eval.load.speedup import crossovers, speedup_intervals
     from pipelines.present.formats import crossing
 
     def level(tps: float, lo: float, hi: float) -> LevelMetrics:
@@ -179,8 +179,8 @@ def test_a_speedups_interval_and_a_crossing_within_the_noise_by_hand():
 
 
 def test_a_level_meets_misses_or_is_too_close_to_call_on_its_intervals():
-    from eval.serving import level_verdict
-    from eval.stats import Verdict, at_most
+    from eval.load.serving import level_verdict
+    from eval.quality.stats import Verdict, at_most
 
     slo = Slo(ttft_ms=200, tpot_ms=25)
     assert at_most((1.5, 1.0, 2.0), 2.0) == Verdict.PASS and at_most((1.5, 1.0, 2.0), 0.5) == Verdict.FAIL
@@ -198,8 +198,8 @@ def test_a_level_meets_misses_or_is_too_close_to_call_on_its_intervals():
 
 
 def test_users_within_the_objective_are_a_range_over_the_judged_levels():
-    from eval.serving import users_interval
-    from eval.stats import Verdict
+    from eval.load.serving import users_interval
+    from eval.quality.stats import Verdict
 
     def levels(*verdicts):
         return {
@@ -230,7 +230,7 @@ def test_the_generators_own_stalls_are_timed_and_laid_on_the_requests_in_flight(
     import asyncio
     import time
 
-    from eval.loadgen import STALL_S, _ticker, with_stalls
+    from eval.load.loadgen import STALL_S, _ticker, with_stalls
 
     stalls: list[tuple[float, float]] = []
 
@@ -257,8 +257,8 @@ def test_the_generators_own_stalls_are_timed_and_laid_on_the_requests_in_flight(
 
 
 def test_a_level_missed_only_with_requests_the_generator_held_up_is_too_close_to_call():
-    from eval.loadgen import with_stalls
-    from eval.stats import Verdict
+    from eval.load.loadgen import with_stalls
+    from eval.quality.stats import Verdict
 
     slo = Slo(ttft_ms=200, tpot_ms=25)
     level = [_request(8, i, float(i), 0.05, 0.01, 8) for i in range(40)]  # TTFT 50 ms, TPOT 10 ms

@@ -14,10 +14,10 @@ import pytest
 from helpers import REPO, TINY, env_with, last_json_line
 
 from conftest import use_root
-from eval import loadgen, serving
-from eval.serving import LevelMetrics, RequestRecord, Slo, length_mismatches
-from eval.sizing import Shape
-from eval.speedup import crossovers, speedups
+from eval.devices.sizing import Shape
+from eval.load import loadgen, serving
+from eval.load.serving import LevelMetrics, RequestRecord, Slo, length_mismatches
+from eval.load.speedup import crossovers, speedups
 from pipelines.core.card.cards import parse_card
 from pipelines.core.framework.registry import FULL_RUN, SPEED_HALF
 from pipelines.core.system.errors import QevalError
@@ -235,7 +235,7 @@ def test_a_scenario_longer_than_the_model_is_cut_to_its_positions(cards):
 
 
 def test_each_scenario_is_logged_under_its_own_names():
-    from eval.loadgen import LoadSettings
+    from eval.load.loadgen import LoadSettings
     from pipelines.core.card.cards import Slo as CardSlo
     from pipelines.core.store.results import AtShape, GeneratorCeiling, ScenarioSweep, VllmSettings
     from pipelines.tracking.mapping import logged
@@ -405,7 +405,7 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
         for name, prompt in (("short", 32), ("long", 1024 - 8)):
             sweep = result["scenarios"][name]
             assert sweep["probe"] is None and sweep["load"]["input_len"] == prompt
-            # the grid, and where it missed nothing, levels past it (eval/edge.py) or a bound that said why not
+            # the grid, and where it missed nothing, levels past it (eval/load/edge.py) or a bound that said why not
             assert {"1", "2"} <= set(sweep["per_level"]) and sweep["failed_requests"] == 0
             missed = any(m["slo_verdict"] == "FAIL" for m in sweep["per_level"].values())
             assert (sweep["users_bound"] is None) == missed, sweep["users_bound"]
@@ -439,7 +439,7 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
     runs = client.search_runs([exp.experiment_id], "tags.`qeval.precision` = 'bf16'")
     metrics = runs[0].data.metrics
     # (users within the objective are not asserted: at this shape a request's 8 tokens take ~20 ms, and on 2
-    # cores one now and then arrives in a burst, which no level may count; eval/serving.py, RequestRecord.burst)
+    # cores one now and then arrives in a burst, which no level may count; eval/load/serving.py, RequestRecord.burst)
     assert {
         "shape/short/max_users_at_slo",
         "shape/long/decode_measured_over_ceiling",

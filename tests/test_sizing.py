@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from eval.gpus import get_gpu, gpu_for_device
-from eval.sizing import Assumptions, Shape, fit, weight_bytes
-from eval.speed import decode_step_bytes
+from eval.devices.gpus import get_gpu, gpu_for_device
+from eval.devices.sizing import Assumptions, Shape, fit, weight_bytes
+from eval.devices.speed import decode_step_bytes
 from pipelines.core.system.paths import REPO_ROOT
 
 LLAMA2_7B = Shape.from_config(json.loads((REPO_ROOT / "pipelines/models/configs/llama-2-7b.json").read_text()))

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from eval.speed import decode_step_bytes, mbu, mid_generation_context, percentile, speedup_is_suspect, tpot_s
+from eval.devices.speed import decode_step_bytes, mbu, mid_generation_context, percentile, speedup_is_suspect, tpot_s
 
 
 def test_percentile_matches_linear_interpolation():

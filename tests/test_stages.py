@@ -19,7 +19,7 @@ from pipelines.core.system.errors import QevalError
 
 
 def _served() -> Served:
-    from eval.loadgen import LoadSettings
+    from eval.load.loadgen import LoadSettings
     from pipelines.core.card.cards import Slo
     from pipelines.core.store.results import GeneratorCeiling
 
@@ -40,8 +40,8 @@ def _served() -> Served:
 
 
 def _sized() -> Sized:
-    from eval.gpus import get_gpu
-    from eval.sizing import Assumptions, Shape, fit
+    from eval.devices.gpus import get_gpu
+    from eval.devices.sizing import Assumptions, Shape, fit
 
     shape = Shape(layers=2, hidden=128, intermediate=256, heads=2, kv_heads=2, head_dim=64, vocab=512, tied=False)
     f = fit(shape, "bf16", get_gpu("l4"), batch=1, input_len=8, output_len=8, group_size=128)
@@ -185,7 +185,7 @@ def test_a_killed_runs_partial_folder_goes_even_when_the_stage_is_skipped(workdi
 
 def test_a_stage_reruns_when_code_it_only_reaches_through_an_import_changes(workdir, tmp_path, monkeypatch):
     """The cache key holds the stage module's code and every first-party module it imports, transitively:
-    TPOT is defined in eval/speed.py, which the serve stage reaches only through eval/serving.py."""
+    TPOT is defined in eval/devices/speed.py, which the serve stage reaches only through eval/load/serving.py."""
     tree = tmp_path / "tree"
     for package in ("pipelines", "eval", "quant", "refmodel"):
         shutil.copytree(REPO / package, tree / package, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl"))
@@ -202,7 +202,7 @@ def test_a_stage_reruns_when_code_it_only_reaches_through_an_import_changes(work
     engines = tree / "pipelines" / "stages" / "engines.py"  # imported by the serve stage alone
     engines.write_text(engines.read_text() + "\n# a change the quantize stage does not run\n")
     assert (stage(Served, served_work), stage(Quantized, quantized)) == ("done", "skipped")
-    speed = tree / "eval" / "speed.py"
+    speed = tree / "eval" / "devices" / "speed.py"
     speed.write_text(
         speed.read_text().replace(
             "return (e2e_s - ttft_s) / (output_tokens - 1)", "return (e2e_s - ttft_s) / output_tokens"

@@ -4,8 +4,8 @@ import random
 import numpy as np
 import pytest
 
-from eval.paired import Departures, departure
-from eval.stats import Verdict, aggregate, compare, doc_terms, length_band, mcnemar_exact, samples_to_decide
+from eval.quality.paired import Departures, departure
+from eval.quality.stats import Verdict, aggregate, compare, doc_terms, length_band, mcnemar_exact, samples_to_decide
 
 
 def test_mcnemar_exact_by_hand():
@@ -125,7 +125,7 @@ def test_departure_is_the_first_token_that_differs():
 
 
 def test_the_flip_rate_by_hand():
-    from eval.stats import flip_rate
+    from eval.quality.stats import flip_rate
 
     # 3 of 5 answers changed: p = 0.6; Wilson's interval at z = 1.959964 is
     # (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
@@ -148,7 +148,7 @@ def _choices_folder(folder, picks: list[list[float]], delimiter: str = "\n"):
 
     from helpers import accuracy_result
 
-    from eval.records import Metric
+    from eval.quality.records import Metric
 
     folder.mkdir()
     rows = [
@@ -170,7 +170,7 @@ def _choices_folder(folder, picks: list[list[float]], delimiter: str = "\n"):
 
 
 def test_a_builds_changed_answers_are_counted_as_its_judging_metric_picks_them(tmp_path):
-    from eval.paired import Scored, flips
+    from eval.quality.paired import Scored, flips
 
     # by log-likelihood: base picks 0, 1, 0, 2; build picks 0, 2, 1, 0: three changed (wrong to wrong, right to
     # wrong, wrong to right)
@@ -189,7 +189,7 @@ def test_a_builds_changed_answers_are_counted_as_its_judging_metric_picks_them(t
 def test_a_task_without_choices_has_no_flips(tmp_path):
     import json
 
-    from eval.paired import Scored, flips
+    from eval.quality.paired import Scored, flips
 
     folder, result = _choices_folder(tmp_path / "base", [[-1, -2, -3]])
     rows = [{"doc_id": 0, "filtered_resps": [[-3.0, 5]], "filter": "none", "acc": 1.0}]  # one loglikelihood pair

@@ -111,7 +111,7 @@ def test_a_continuation_scores_exact_match_and_chrf_per_document():
 
 
 def test_the_task_folders_scoring_code_is_part_of_its_identity():
-    from eval.lm_tasks import task_files
+    from eval.quality.lm_tasks import task_files
 
     names = [p.name for p in task_files(TASKS, REPO)]
     assert {"refkjv_continue.yaml", "continue.jsonl", "needle_control.jsonl", "utils.py"} <= set(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from memory_tracker import MemoryTracker
 
-from eval.stats import Verdict, compare
+from eval.quality.stats import Verdict, compare
 from pipelines.core.card.cards import Gate
 from pipelines.core.framework.code import code_version
 from pipelines.core.framework.tracker import ParamsChanged, Tracker

@@ -8,10 +8,10 @@ import re
 import pytest
 from helpers import REPO, accuracy_result
 
-from eval.accuracy import AccuracyConfig
-from eval.engine import EngineConfig
-from eval.loadgen import LoadSettings
-from eval.records import Metric
+from eval.bench.engine import EngineConfig
+from eval.load.loadgen import LoadSettings
+from eval.quality.accuracy import AccuracyConfig
+from eval.quality.records import Metric
 from pipelines.core.framework.registry import STAGES
 from pipelines.core.store.results import Evaluated, Quantized, StageResult, VllmSettings
 from pipelines.core.system.errors import QevalError

@@ -1,6 +1,6 @@
 """The gate: which quantized build ships, under the policy in the model card (`gate:`).
 
-Per build and task, a paired comparison with the baseline on the same documents (eval/paired.py)
+Per build and task, a paired comparison with the baseline on the same documents (eval/quality/paired.py)
 gives an interval on recovery (or on the perplexity increase) and a verdict: PASS, FAIL or
 INCONCLUSIVE. A generative task's output length is held within a band around the baseline's (the length
 rule), and where greedy outputs first depart from the baseline's is recorded. The speed rule compares the
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from eval.paired import Generation, Scored
-from eval.stats import Comparison, Verdict
+from eval.quality.paired import Generation, Scored
+from eval.quality.stats import Comparison, Verdict
 from pipelines.core.card.cards import ModelCard, load_card
 from pipelines.core.framework.code import code_version
 from pipelines.core.framework.registry import stale_stage

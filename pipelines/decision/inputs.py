@@ -1,6 +1,6 @@
 """What the gate reads of the stages: their typed results, and the per-document records of evaluate.
 
-Turns them into the paired task comparisons (eval/paired.py, under the card's thresholds) and the speed and
+Turns them into the paired task comparisons (eval/quality/paired.py, under the card's thresholds) and the speed and
 memory figures the policy (policy.py) judges. Every missing or mismatched input is one error naming the fix.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from eval.paired import Generation, Scored, flips, generation, paired
-from eval.serving import LevelMetrics
-from eval.sizing import Fit
-from eval.stats import Comparison, Flips
+from eval.devices.sizing import Fit
+from eval.load.serving import LevelMetrics
+from eval.quality.paired import Generation, Scored, flips, generation, paired
+from eval.quality.stats import Comparison, Flips
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.card.search import judging
 from pipelines.core.framework.registry import require
@@ -180,7 +180,7 @@ def answer_flips(card: ModelCard, precision: str) -> dict[str, Flips]:
 
 
 def in_rounds(done: Evaluated) -> bool:
-    """Whether the evaluation scored its tasks in rounds (eval/rounds.py): then a build holds the first of the
+    """Whether the evaluation scored its tasks in rounds (eval/quality/rounds.py): then a build holds the first of the
     baseline's documents in the gate's order where its verdict was known before its pool was spent, and is
     compared on those."""
     return done.config.rounds is not None

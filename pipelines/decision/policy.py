@@ -4,9 +4,9 @@ and the choice among the builds that passed. Numbers in, verdicts and reasons ou
 
 from __future__ import annotations
 
-from eval import speed as speed_math
-from eval.sizing import Fit
-from eval.stats import Comparison, LengthBand, Verdict
+from eval.devices import speed as speed_math
+from eval.devices.sizing import Fit
+from eval.quality.stats import Comparison, LengthBand, Verdict
 from pipelines.core.card.cards import Gate, ModelCard
 from pipelines.core.store.verdicts import BuildVerdict, Measured, Rule
 from quant.execution import Execution
@@ -117,7 +117,7 @@ def cost_rule(policy: Gate, build: Measured) -> Rule:
 
 
 def fit_rule(projected: list[Fit]) -> Rule:
-    """Every GPU the policy names must hold the build on one device (eval/sizing.py's projection)."""
+    """Every GPU the policy names must hold the build on one device (eval/devices/sizing.py's projection)."""
     where = ", ".join(f"{f.gpu} {f.total_gb:.3g} of {f.usable_gb:.3g} GB" for f in projected)
     missing = [f.gpu for f in projected if not f.fits]
     verdict = Verdict.FAIL if missing else Verdict.PASS

@@ -2,7 +2,7 @@
 
 Rows are builds, columns device kinds: the device a sweep ran on (measured: the serve stage's sweep of a
 real checkpoint where it swept the traffic's scenario, else the shape stage's at random weights) and the
-card's GPUs (projected from the size stage's bytes at the card's stated bandwidth share; eval/capacity.py).
+card's GPUs (projected from the size stage's bytes at the card's stated bandwidth share; eval/load/capacity.py).
 Each cell is the devices the traffic needs within the scenario's objective, their price per hour, per
 million output tokens and per request, and says whether it was measured or projected.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import eval.capacity as capacity
-import eval.gpus as gpus
-from eval.serving import LevelMetrics
-from eval.sizing import Shape
-from eval.speedup import speedup_intervals, speedups
+import eval.devices.gpus as gpus
+import eval.load.capacity as capacity
+from eval.devices.sizing import Shape
+from eval.load.serving import LevelMetrics
+from eval.load.speedup import speedup_intervals, speedups
 from pipelines.core.card.cards import ModelCard, Scenario, Slo
 from pipelines.core.card.traffic import CPU
 from pipelines.core.framework.weights import architecture
@@ -253,9 +253,9 @@ def section(card: ModelCard, tab: Table | None) -> list[str]:
         f"Devices the traffic needs with every user within the objective (TTFT p95 <= {slo.ttft_ms:g} ms, TPOT "
         f"p95 <= {slo.tpot_ms:g} ms); $ per million output tokens and per 1,000 requests at one instance's "
         "highest-throughput load within it. Measured cells come from a sweep on that device, with the range its "
-        "levels' intervals leave [optimistic, conservative] (eval/capacity.py; choices on cost rest on the "
+        "levels' intervals leave [optimistic, conservative] (eval/load/capacity.py; choices on cost rest on the "
         "conservative end); projected ones "
-        "from the model's bytes and FLOPs (eval/capacity.py: "
+        "from the model's bytes and FLOPs (eval/load/capacity.py: "
         f"{card.traffic.projected_mbu:.0%} of peak bandwidth, {card.traffic.projected_mfu:.0%} of peak FLOP/s, "
         "one prompt's prefill as TTFT, no queueing).",
         "",

@@ -12,8 +12,8 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
-from eval.speedup import speedups
-from eval.stats import Verdict
+from eval.load.speedup import speedups
+from eval.quality.stats import Verdict
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Benched, ScenarioSweep, Served

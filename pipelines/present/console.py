@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from eval.sizing import Assumptions, Fit
-from eval.stats import Verdict
+from eval.devices.sizing import Assumptions, Fit
+from eval.quality.stats import Verdict
 from pipelines.core.store.manifests import StageRecord
 from pipelines.core.store.verdicts import Decision
 from pipelines.core.system import progress

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-from eval.serving import LevelMetrics
-from eval.speedup import crossovers, within_noise
-from eval.stats import Comparison, Verdict
+from eval.load.serving import LevelMetrics
+from eval.load.speedup import crossovers, within_noise
+from eval.quality.stats import Comparison, Verdict
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from quant.execution import Execution
 from quant.precisions import PRECISIONS
@@ -69,7 +69,7 @@ def ms(value: float) -> str:
 
 
 def users_count(n: int, bound: str | None = None) -> str:
-    """ "5 users"; "at least 64 users" where no level missed and the sweep stopped at `bound` (eval/edge.py)."""
+    """ "5 users"; "at least 64 users" where no level missed and the sweep stopped at `bound` (eval/load/edge.py)."""
     return ("at least " if bound else "") + f"{n} user" + ("" if n == 1 else "s")
 
 
@@ -117,7 +117,7 @@ def tps_with_interval(m: LevelMetrics) -> str:
 
 
 def crossing(ups: dict[int, float], baseline: str, spans: dict[int, tuple[float, float]] | None = None) -> str:
-    """Where a build's speed-up over the baseline, level by level, crosses 1 (eval/speedup.py, crossovers),
+    """Where a build's speed-up over the baseline, level by level, crosses 1 (eval/load/speedup.py, crossovers),
     or that it never does; each crossing, and a level where faster and slower cannot be told apart, called
     within the noise on the speed-ups' intervals (`spans`); "-" without a level in common."""
     if not ups:
@@ -149,7 +149,7 @@ def guarantee(decision: Decision) -> str:
 
 def documents(c: Comparison) -> str:
     """How many documents judged a task, of how many the baseline scored, and why scoring stopped there: a task
-    scored in rounds stops once its verdict is known (eval/rounds.py), else at the end of its pool."""
+    scored in rounds stops once its verdict is known (eval/quality/rounds.py), else at the end of its pool."""
     if c.pool is None:
         return f"{c.n:,}"
     why = "decided" if c.verdict != Verdict.INCONCLUSIVE else "pool spent"

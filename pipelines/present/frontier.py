@@ -4,7 +4,7 @@ a per-user speed (`traffic.user_tps`), every build priced at that speed: what it
 edge (SemiAnalysis' InferenceX compares precisions so; vLLM's `bench sweep` draws the same frontier).
 
 The sweep is the one the capacity table reads (pipelines/present/capacity.py, `measured_sweep`): the serve stage's
-of the real checkpoint, else the shape stage's. The speed is interpolated on it (eval/capacity.py, `at_speed`);
+of the real checkpoint, else the shape stage's. The speed is interpolated on it (eval/load/capacity.py, `at_speed`);
 a build whose every level gave each user more is priced at the best of them, as an upper bound on its cost, and
 one whose no level gave each user that much is not priced there, and says so.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from eval import capacity
-from eval.serving import LevelMetrics
+from eval.load import capacity
+from eval.load.serving import LevelMetrics
 from pipelines.core.card.cards import ModelCard, Scenario
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Served

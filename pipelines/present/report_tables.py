@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-import eval.serving as serving
-from eval.sequential import betting_floor
-from eval.sizing import Fit
-from eval.stats import Verdict
+import eval.load.serving as serving
+from eval.devices.sizing import Fit
+from eval.quality.sequential import betting_floor
+from eval.quality.stats import Verdict
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Served, Sized
@@ -322,7 +322,7 @@ def _fewest(c) -> str:
 
 
 def can_tell(decision: Decision) -> list[str]:
-    """Per task, before any build: what its documents can tell at its threshold (eval/sequential.py)."""
+    """Per task, before any build: what its documents can tell at its threshold (eval/quality/sequential.py)."""
     widest = {}
     for b in decision.builds:
         for task, c in b.tasks.items():

@@ -10,7 +10,7 @@ README.md next to the weights.
 
 from __future__ import annotations
 
-import eval.serving as serving
+import eval.load.serving as serving
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import finished, result_of
 from pipelines.core.store.ranked import Ranked

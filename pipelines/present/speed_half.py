@@ -7,7 +7,7 @@ figures are random weights'.
 
 from __future__ import annotations
 
-from eval.speedup import speedup_intervals, speedups
+from eval.load.speedup import speedup_intervals, speedups
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import AtShape, ScenarioSweep, Sized

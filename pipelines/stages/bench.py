@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import eval.engine as engine
-import eval.speed as speed
+import eval.bench.engine as engine
+import eval.devices.speed as speed
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework.demands import check_bench
 from pipelines.core.framework.runner import run_stage

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from eval.sizing import Shape
+from eval.devices.sizing import Shape
 from pipelines.core.store.results import LinearKernel, VllmSettings
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError

@@ -12,13 +12,13 @@ import logging
 import tempfile
 from pathlib import Path
 
-import eval.accuracy as accuracy
-from eval.compare import recoveries
-from eval.kvcache import rounds_query
-from eval.lm_tasks import task_files
-from eval.rounds import Rounds
-from eval.sizing import KV_DTYPE_BYTES
-from eval.stopping import StopScoring, TaskRule
+import eval.quality.accuracy as accuracy
+from eval.devices.sizing import KV_DTYPE_BYTES
+from eval.quality.compare import recoveries
+from eval.quality.kvcache import rounds_query
+from eval.quality.lm_tasks import task_files
+from eval.quality.rounds import Rounds
+from eval.quality.stopping import StopScoring, TaskRule
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.card.search import judging
 from pipelines.core.framework.demands import check_tasks
@@ -73,7 +73,7 @@ def check_where_scored(card: ModelCard) -> None:
     """Every task of the card loaded by the Python that will score it where that is not this one (on a GPU the
     engine's, .venv-vllm): a package it lacks is said here, before any build is made, not at the baseline's
     evaluation after every build was quantized (RULER's wonderwords, once). Its documents are made where they
-    are local, its code imported where its data set is the hub's (eval/lm_tasks.py, check)."""
+    are local, its code imported where its data set is the hub's (eval/quality/lm_tasks.py, check)."""
     check_tasks(card)
     checkpoint, _ = checkpoint_for(card, card.gate.baseline)
     cfg = accuracy_config(card, card.gate.baseline, checkpoint)
@@ -143,7 +143,7 @@ def accuracy_config(
 
 def scoring_rounds(card: ModelCard) -> Rounds | None:
     """Where builds may stop and are judged by confidence sequences, every build of the card, the baseline too, is
-    scored in the gate's rounds (eval/rounds.py): a build's task until its verdict is known."""
+    scored in the gate's rounds (eval/quality/rounds.py): a build's task until its verdict is known."""
     gate = card.gate
     if gate.stop_scoring == "never" or gate.verdicts != "sequential":
         return None

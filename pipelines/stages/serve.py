@@ -5,7 +5,7 @@ The server is vLLM wherever it is installed (card `server.engine: auto`; engines
 `transformers serve --continuous-batching`, or one the user runs (`--url`). It binds a free port on
 127.0.0.1, its log is kept, and it is stopped with everything it started on every way out. Which linear
 kernel vLLM chose for each quantized layer type is read from its log and says how the figures ran
-(quant/execution.py). The sweep itself is sweep.py's: the load generator (eval/loadgen.py) measures its own
+(quant/execution.py). The sweep itself is sweep.py's: the load generator (eval/load/loadgen.py) measures its own
 ceiling against a minimal local streaming endpoint in the same stage, so that a slow generator cannot pass
 for a slow server, and every request's realised lengths are checked. A KV-cache variant (`int8+kv-fp8`) is
 served with its own `--kv-cache-dtype`; where no engine here can keep that cache (vLLM's CPU attention
@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import eval.loadgen as loadgen
-import eval.serving as serving
-from eval.accuracy import AccuracyConfig
-from eval.gpus import get_gpu, gpu_for_device
-from eval.sizing import KV_DTYPE_BYTES
+import eval.load.loadgen as loadgen
+import eval.load.serving as serving
+from eval.devices.gpus import get_gpu, gpu_for_device
+from eval.devices.sizing import KV_DTYPE_BYTES
+from eval.quality.accuracy import AccuracyConfig
 from pipelines.core.card.cards import ModelCard, Server
 from pipelines.core.framework.demands import check_sweep
 from pipelines.core.framework.runner import run_stage
@@ -90,7 +90,7 @@ def vllm_settings(
 ) -> VllmSettings:
     """How vLLM serves this build here: the card's settings, with the defaults filled in.
 
-    Served accuracy needs two tokens beyond the offline evaluation's context window (eval/accuracy.py,
+    Served accuracy needs two tokens beyond the offline evaluation's context window (eval/quality/accuracy.py,
     _served_args); where that passes the model's positions, the extra ones are never scored
     (engines.vllm_command extends vLLM's position table to them). On a GPU, a model too small to fill one is
     served eager in a share of it sized to the sweep (engines.gpu_memory_plan).

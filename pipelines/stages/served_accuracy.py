@@ -3,7 +3,7 @@
 lm-eval's completions backend runs the card's tasks (or `server.served_tasks`, the first
 `server.served_limit` documents of each) against the server, sending the offline evaluation's exact token
 windows; each task's judging metric is then compared with the offline score of the same documents
-(served - offline, paired interval; eval/paired.py).
+(served - offline, paired interval; eval/quality/paired.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import eval.accuracy as accuracy
-from eval.paired import Scored, agreement, paired
+import eval.quality.accuracy as accuracy
+from eval.quality.paired import Scored, agreement, paired
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework.weights import model_positions, offline_env
 from pipelines.core.store.layout import STAGE_LOG, stage_dir

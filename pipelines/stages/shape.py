@@ -12,7 +12,7 @@ labelled as random weights at the model's shape, logged under `shape/*`, apart f
 `server/*`.
 
 Beside the sweep, decode at one user is set against the device's bandwidth ceiling for the bytes a decode
-step of that format reads (eval/speed.py), which the size stage states beside its projections.
+step of that format reads (eval/devices/speed.py), which the size stage states beside its projections.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import logging
 import os
 from pathlib import Path
 
-import eval.loadgen as loadgen
-import eval.serving as serving
-import eval.sizing as sizing
-from eval.gpus import peak_bandwidth
-from eval.instruments import measure_copy_bandwidth
-from eval.speed import decode_step_bytes, mid_generation_context
+import eval.devices.sizing as sizing
+import eval.load.loadgen as loadgen
+import eval.load.serving as serving
+from eval.bench.instruments import measure_copy_bandwidth
+from eval.devices.gpus import peak_bandwidth
+from eval.devices.speed import decode_step_bytes, mid_generation_context
 from pipelines.core.card.cards import ModelCard, Slo
 from pipelines.core.framework.demands import available_bytes, check_sweep
 from pipelines.core.framework.runner import run_stage
@@ -317,7 +317,7 @@ def _scenario(
     ceiling: GeneratorCeiling,
 ) -> tuple[Probe, list[serving.RequestRecord], sweep.Seen]:
     """One scenario on the running server: the probe, then the levels (past the grid toward the objective's edge,
-    as the serve stage's: eval/edge.py) unless the probe found it too slow."""
+    as the serve stage's: eval/load/edge.py) unless the probe found it too slow."""
     prompts = loadgen.token_prompts(
         int(arch["vocab_size"]), loadgen.prompts_needed(load) + 2, load.input_len, avoid=_special_ids(arch)
     )

@@ -1,6 +1,6 @@
 """The size stage: will each build fit the card's GPUs, with how many users, and how fast?
 
-Projections come from eval/sizing.py over the model's architecture (`source.config`, else the local
+Projections come from eval/devices/sizing.py over the model's architecture (`source.config`, else the local
 checkpoint's config.json; nothing is downloaded). Weights are the build's real weight files where
 its quantize stage has run, else the precision's bytes per weight at the card's group size; KV entries
 take the bytes of the KV-cache dtype the build is served with (a KV-cache variant's, else the card's).
@@ -17,9 +17,9 @@ import logging
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import eval.gpus as gpus
-import eval.sizing as sizing
-from eval.speed import decode_step_bytes, mid_generation_context
+import eval.devices.gpus as gpus
+import eval.devices.sizing as sizing
+from eval.devices.speed import decode_step_bytes, mid_generation_context
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework import weights
 from pipelines.core.framework.runner import run_stage
@@ -89,7 +89,7 @@ def fits_table(
 
 def bench_check(bench: Benched | None) -> BenchCheck | None:
     """Projected decode ceiling on the benchmark's own device beside the measured speed (batch 1), both
-    over the bytes a decode step reads (eval/speed.py)."""
+    over the bytes a decode step reads (eval/devices/speed.py)."""
     point = bench.at(1) if bench is not None and not bench.config.no_weights else None
     if point is None or not point.decode_tps_per_user:
         return None

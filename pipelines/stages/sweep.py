@@ -15,11 +15,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import eval.edge as edge
-import eval.loadgen as loadgen
-import eval.server_view as server_view
-import eval.serving as serving
-import eval.stream_stub as stream_stub
+import eval.load.edge as edge
+import eval.load.loadgen as loadgen
+import eval.load.server_view as server_view
+import eval.load.serving as serving
+import eval.load.stream_stub as stream_stub
 from pipelines.core.store.results import GeneratorCeiling, LinearKernel
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.net import answers
@@ -75,11 +75,11 @@ def _measure_ceiling(work: Path, concurrency: int, requests_per_user: int) -> Ge
 @dataclass
 class Seen:
     """What a sweep learns beside its requests: the server's own view of each level (its /metrics before and
-    after; eval/server_view.py), where it has one, and why each level has the requests it has."""
+    after; eval/load/server_view.py), where it has one, and why each level has the requests it has."""
 
     views: dict[int, server_view.ServerView] = field(default_factory=dict)
     sizing: dict[int, str] = field(default_factory=dict)
-    bound: str | None = None  # why the load was raised no further (eval/edge.py, AT_*), where no level missed
+    bound: str | None = None  # why the load was raised no further (eval/load/edge.py, AT_*), where no level missed
 
 
 def run_levels(
@@ -97,7 +97,7 @@ def run_levels(
 ) -> list[serving.RequestRecord]:
     """Sweep the server at `base_url` over `load`'s levels, a progress line per level, then (where `load.edge`
     says) the levels that raise the load past the grid while none misses and those that bisect toward the
-    objective's edge, each level with the requests its p95s' intervals need (eval/edge.py); the raise goes no
+    objective's edge, each level with the requests its p95s' intervals need (eval/load/edge.py); the raise goes no
     further than the sequences the server has `room` for, nor than the generator's `ceiling` holds. `where`
     names what to read when it fails (its log, or the URL of a server the user runs). `seen`, where given, gets
     the server's own view of each level, why it has its requests and why the load went no higher. `fixed`
@@ -253,7 +253,7 @@ def more_starts(
     """The first start's records and those of starts 2 to `starts` (the card's server.starts): each a server
     started afresh (`start_server(its log)`, a context giving its URL; the log `server-K.log` in `out`), swept
     over the levels the first start judged with as many requests each, its records numbered by start (`run`);
-    so that a level's intervals cover what differs from one start to the next (eval/stats.py, `two_stage`)."""
+    so that a level's intervals cover what differs from one start to the next (eval/quality/stats.py, `two_stage`)."""
     levels = dict(Counter(r.concurrency for r in first))
     out_records = list(first)
     for k in range(1, starts):

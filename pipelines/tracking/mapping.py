@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eval.stats import Verdict
+from eval.quality.stats import Verdict
 from pipelines.core.store.manifests import CodeVersion
 from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult

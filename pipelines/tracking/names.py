@@ -37,7 +37,9 @@ MAX_TAG = 5000  # MLflow's limit on a tag value is 8000 characters; keep errors 
 
 EVAL_METRIC = "eval/{task}/{metric}"
 EVAL_STDERR = "eval/{task}/{name}_stderr{filter}"
-EVAL_DOCUMENTS = "eval/{task}/documents"  # scored: a task in rounds (eval/rounds.py) stops when its verdict is known
+EVAL_DOCUMENTS = (
+    "eval/{task}/documents"  # scored: a task in rounds (eval/quality/rounds.py) stops when its verdict is known
+)
 RECOVERY_METRIC = "recovery/{task}/{metric}"
 SERVED_METRIC = "served/{task}/{metric}"  # lm-eval through the build's server
 SERVED_DIFF = "served_vs_offline/{task}/{metric}{bound}"  # served - offline, paired; bound: "", _lower, _upper

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TypeVar
 
-from eval.paired import Scored
+from eval.quality.paired import Scored
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework.registry import JUDGED, STAGES
 from pipelines.core.framework.tracker import Tracker

@@ -88,7 +88,7 @@ _THROUGHPUT = ["output_tps", "output_tps_lo", "output_tps_hi", "output_tps_per_u
 _COUNTS = ["slo_attainment", "failed", "bursts"]
 SERVE_SERIES: dict[str, Getter] = {  # step = concurrency
     **{f"server/{name}": (lambda n: lambda m: getattr(m, n))(name) for name in _LATENCY + _THROUGHPUT + _COUNTS},
-    # the server's own view of each level (its /metrics; eval/server_view.py), where it exports vLLM's
+    # the server's own view of each level (its /metrics; eval/load/server_view.py), where it exports vLLM's
     **{
         f"server/metrics_{name}": (lambda n: lambda m: m.server and getattr(m.server, n))(name)
         for name in ("preemptions", "ttft_ms_mean", "tpot_ms_mean", "queue_ms_mean", "prefill_ms_mean")

@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 CHOICES = 4
 CONTEXT_VERSES = 3
 SEED = 20261130
-# Each task is scored in rounds of the gate's order until its verdict is known (eval/rounds.py), so a build pays
+# Each task is scored in rounds of the gate's order until its verdict is known (eval/quality/rounds.py), so a build pays
 # only for the documents its verdict needs, while the baseline scores every one. A larger pool lets a build half a
 # point or more clear of its threshold be decided within it (docs/gate.md): next verse and last word take every
 # held-out verse, continue every second verse pair (no verse in two items).

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from eval.edge import EdgeSearch
+from eval.load.edge import EdgeSearch
 from pipelines.core.card.card_errors import UniqueKeys, describe
 from pipelines.core.card.gating import Gate
 from pipelines.core.card.names import CPU, GpuName, PrecisionName, TaskName

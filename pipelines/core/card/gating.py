@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval.paired import Bootstrap, Threshold
+from eval.quality.paired import Bootstrap, Threshold
 from pipelines.core.card.names import DeviceName, GpuName, PrecisionName, TaskName
 
 
@@ -63,7 +63,7 @@ class Gate(_Strict):
     verdicts: Literal["sequential", "bootstrap"] = Field(
         "sequential",
         description="sequential: each task judged by a confidence sequence, valid at every look "
-        "(eval/sequential.py); bootstrap: a paired bootstrap interval at `confidence`, valid read once",
+        "(eval/quality/sequential.py); bootstrap: a paired bootstrap interval at `confidence`, valid read once",
     )
     look_every: PositiveInt = Field(100, description="documents between the looks of a confidence sequence")
     bootstrap_resamples: PositiveInt = Field(2000, description="resamples of the documents per paired bootstrap")

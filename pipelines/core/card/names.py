@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from eval.gpus import BY_NAME
+from eval.devices.gpus import BY_NAME
 from quant.lookup import suggest
 from quant.precisions import KV_VARIANTS, MIX_FORM, PRECISIONS, get_precision
 

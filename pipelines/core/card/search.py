@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from eval.paired import Bootstrap
+from eval.quality.paired import Bootstrap
 from pipelines.core.card.names import PrecisionName
 from quant.precisions import get_precision, mix_name
 

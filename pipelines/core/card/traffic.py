@@ -1,7 +1,7 @@
 """A card's traffic and prices (`traffic:`), which the capacity and cost tables are computed for.
 
 Peak concurrent users, or a peak request rate that Little's law turns into users at the scenario's
-latency (eval/capacity.py); optionally the dollars per hour of one device of each kind (no built-in price
+latency (eval/load/capacity.py); optionally the dollars per hour of one device of each kind (no built-in price
 list: prices go stale and differ by contract, and without them the tables show device-hours); and the share
 of a device's peak bandwidth a projection assumes where nothing was measured on it; and optionally the output
 speed each user is to get, at which every build is priced on the frontier its sweep traced
@@ -48,7 +48,7 @@ class Traffic(BaseModel):
         "(matched interactivity); null: not priced so",
     )
     prices: dict[DeviceName, Annotated[float, Field(ge=MIN_PRICE, le=MAX_PRICE, allow_inf_nan=False)]] = Field(
-        {}, description=f"$ per hour of one device, by GPU name (eval/gpus.py) or '{CPU}'"
+        {}, description=f"$ per hour of one device, by GPU name (eval/devices/gpus.py) or '{CPU}'"
     )
     projected_mbu: float = Field(
         0.6, gt=0, le=1, description="share of peak bandwidth a projected decode reaches (no measurement there)"

@@ -3,8 +3,8 @@ digest, the git commit, and the versions of the libraries that did the work.
 
 A stage's cache key holds the digest of its module and of every first-party module (quant, eval,
 pipelines, refmodel) it imports, transitively, at the top of a file or inside a function, with their
-packages' `__init__.py`: change the definition of TPOT in eval/speed.py, which the serve stage reaches
-through eval/serving.py, and served results are measured again. The list is read from the source, never
+packages' `__init__.py`: change the definition of TPOT in eval/devices/speed.py, which the serve stage reaches
+through eval/load/serving.py, and served results are measured again. The list is read from the source, never
 kept by hand.
 """
 

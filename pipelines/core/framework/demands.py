@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from eval.sizing import Shape, workspace_bytes
+from eval.devices.sizing import Shape, workspace_bytes
 from pipelines.core.card.cards import ModelCard, card_names, load_card
 from pipelines.core.framework.weights import architecture, missing_files
 from pipelines.core.system.errors import QevalError
@@ -61,7 +61,7 @@ def available_bytes() -> int | None:
 
 
 def bench_bytes(shape: Shape, batch: int, input_len: int, output_len: int) -> float:
-    """What the grid's largest point holds beside the weights (eval/sizing.py's figures): its KV cache at 16
+    """What the grid's largest point holds beside the weights (eval/devices/sizing.py's figures): its KV cache at 16
     bits, and the prefill's activation workspace for every prompt token of the batch (generate() runs the
     prefill unchunked)."""
     return batch * (input_len + output_len) * shape.kv_bytes_per_token(2) + workspace_bytes(shape, batch * input_len)

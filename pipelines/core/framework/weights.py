@@ -10,7 +10,7 @@ import logging
 import os
 from pathlib import Path
 
-from eval.sizing import Shape
+from eval.devices.sizing import Shape
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.store.layout import CHECKPOINT_DIR, stage_dir
 from pipelines.core.store.manifests import finished
@@ -196,7 +196,7 @@ def architecture_config(card: ModelCard, purpose: str) -> Path:
 
 
 def architecture(card: ModelCard, purpose: str) -> tuple[Shape, Path, int | None]:
-    """The model's shape (eval/sizing.py), the config.json it comes from and the positions it was built for;
+    """The model's shape (eval/devices/sizing.py), the config.json it comes from and the positions it was built for;
     QevalError naming the file where it cannot be read."""
     path = architecture_config(card, purpose)
     try:

@@ -14,14 +14,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval.accuracy import AccuracyConfig
-from eval.engine import EngineConfig, EngineResult, PointResult
-from eval.gpus import device_column
-from eval.loadgen import LoadSettings
-from eval.paired import PREFERRED_METRICS
-from eval.records import AccuracyResult
-from eval.serving import LevelMetrics
-from eval.sizing import Assumptions, Fit
+from eval.bench.engine import EngineConfig, EngineResult, PointResult
+from eval.devices.gpus import device_column
+from eval.devices.sizing import Assumptions, Fit
+from eval.load.loadgen import LoadSettings
+from eval.load.serving import LevelMetrics
+from eval.quality.accuracy import AccuracyConfig
+from eval.quality.paired import PREFERRED_METRICS
+from eval.quality.records import AccuracyResult
 from pipelines.core.card.cards import Slo
 from pipelines.core.store.layout import CHECKPOINT_DIR
 from pipelines.core.system.integrity import differences
@@ -207,7 +207,7 @@ class ServedOn(Record):
 
     @property
     def device(self) -> str | None:
-        """Where qeval served it, as the capacity tables name devices (eval/gpus.py, device_column): "cpu", a
+        """Where qeval served it, as the capacity tables name devices (eval/devices/gpus.py, device_column): "cpu", a
         GPU's catalog name, or torch's name for a GPU the catalog lacks; None for a server the user runs."""
         if self.vllm is None and self.engine == "external":
             return None
@@ -288,9 +288,9 @@ class Served(StageResult, ServedOn):
     per_level: dict[int, LevelMetrics]
     max_users_at_slo: int
     users_at_slo_interval: tuple[int, int] | None = Field(
-        None, description="users within the objective as a range over the judged levels (eval/serving.py)"
+        None, description="users within the objective as a range over the judged levels (eval/load/serving.py)"
     )
-    users_bound: str | None = Field(None, description="no level missed: why the load went no higher (eval/edge.py)")
+    users_bound: str | None = Field(None, description="no level missed: why the load went no higher (eval/load/)")
     failed_requests: int
     generator_ceiling: GeneratorCeiling
     generator_bound: bool = Field(description="the generator's ceiling was under 10x the server's peak")
@@ -326,7 +326,7 @@ class Probe(Record):
 
 
 class DecodeCeiling(Record):
-    """Decode at one user measured against the bandwidth ceiling of the device it ran on (eval/speed.py)."""
+    """Decode at one user measured against the bandwidth ceiling of the device it ran on (eval/devices/speed.py)."""
 
     device: str = Field(description="where it ran: a GPU's name, or the CPU and its cores")
     step_bytes: float = Field(description="bytes a decode step reads at one user, mid-generation")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationError
 
-from eval.stats import Verdict
+from eval.quality.stats import Verdict
 from pipelines.core.store.ranked import Candidate
 from pipelines.core.store.results import Record
 from pipelines.core.system.errors import QevalError

@@ -2,7 +2,7 @@
 and the decision (artifacts/<model>/gate.json).
 
 pipelines/decision/ makes them; pipelines/tracking/ and pipelines/present/ read them. The verdicts
-themselves are eval/stats.py's `Verdict`.
+themselves are eval/quality/stats.py's `Verdict`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from eval.paired import Generation
-from eval.stats import Comparison, Flips, Verdict
+from eval.quality.paired import Generation
+from eval.quality.stats import Comparison, Flips, Verdict
 from pipelines.core.card.cards import Gate
 from pipelines.core.store.layout import gate_file
 from pipelines.core.store.manifests import CodeVersion
@@ -45,7 +45,7 @@ class CostFigure:
     usd_per_hour: float | None
     usd_per_mtok: float | None  # $ per million output tokens
     why: str | None = None
-    # measured on intervals (eval/capacity.py, `bounds`): low to high, the optimistic end first; None in the
+    # measured on intervals (eval/load/capacity.py, `bounds`): low to high, the optimistic end first; None in the
     # $ where that end holds no user for certain (or there is no price)
     devices_range: tuple[int | None, int | None] | None = None
     usd_per_mtok_range: tuple[float | None, float | None] | None = None
@@ -136,8 +136,8 @@ class Measured:
     engine: str = ""  # engine: how generate() ran (cache, compiled or eager); server: the serving engine
     goodput: float | None = None  # server: requests/s that met the SLO at the judged users
     users_at_slo: int | None = None  # server: the most concurrent users that met the SLO
-    users_range: tuple[int, int] | None = None  # server: those users on the levels' intervals (eval/serving.py)
-    users_bound: str | None = None  # server: no level missed, users_at_slo a lower bound; why (eval/edge.py)
+    users_range: tuple[int, int] | None = None  # server: those users on the levels' intervals (eval/load/serving.py)
+    users_bound: str | None = None  # server: no level missed, users_at_slo a lower bound; why (eval/load/edge.py)
     cost: CostFigure | None = None  # where the card states its traffic
 
     @property

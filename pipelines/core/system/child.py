@@ -1,6 +1,6 @@
 """Run one library function in a fresh Python process, so that each build's work is isolated.
 
-    python -m pipelines.core.system.child eval.accuracy:evaluate_accuracy CONFIG.json OUT_DIR
+    python -m pipelines.core.system.child eval.quality.accuracy:evaluate_accuracy CONFIG.json OUT_DIR
 
 The function takes (config, out_dir) and returns a pydantic model. The child writes result.json, or
 error.json with one line, into OUT_DIR; its output (third-party progress bars and warnings among it)

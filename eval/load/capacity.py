@@ -15,10 +15,10 @@ users = requests/s x end-to-end latency at that load. Then
 the last two at the instance's highest-throughput load within the objective. A build that fits no device,
 or holds no user within the objective, says so instead of dividing by zero.
 
-Where no level missed the objective, the sweep stopped at a bound before finding the edge (eval/edge.py):
+Where no level missed the objective, the sweep stopped at a bound before finding the edge (eval/load/edge.py):
 its users are then at least the figure, and the devices and costs that rest on them at most theirs.
 
-A measured instance's users within the objective are a range (eval/serving.py, `users_interval`: from the
+A measured instance's users within the objective are a range (eval/load/serving.py, `users_interval`: from the
 users every judged level up to met, to one under the first level missed), so its cost is a range too
 (`bounds`): the conservative end holds the range's low end at the best throughput of the levels met, the
 optimistic end its high end at the best of the levels not missed. Choices on cost rest on the conservative end.
@@ -31,11 +31,11 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from eval.gpus import Gpu
-from eval.serving import LevelMetrics, max_users_at_slo, users_interval
-from eval.sizing import Assumptions, Shape, workspace_bytes
-from eval.speed import decode_step_bytes, mid_generation_context
-from eval.stats import Verdict
+from eval.devices.gpus import Gpu
+from eval.devices.sizing import Assumptions, Shape, workspace_bytes
+from eval.devices.speed import decode_step_bytes, mid_generation_context
+from eval.load.serving import LevelMetrics, max_users_at_slo, users_interval
+from eval.quality.stats import Verdict
 
 TP_DEGREES = (1, 2, 4, 8)
 
@@ -60,7 +60,7 @@ class PerInstance:
     users_range: tuple[int, int] | None = None  # measured on intervals: users within the objective for certain
     # (low) and not missed (high); None where projected or the levels were not judged so
     at_least: str | None = None  # no level missed: `users` is a lower bound, and this is why the load went no
-    # higher (eval/edge.py); the devices and costs resting on it are then upper bounds
+    # higher (eval/load/edge.py); the devices and costs resting on it are then upper bounds
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def measured(
     levels: Mapping[int, LevelMetrics], *, devices: int = 1, how: str, at_least: str | None = None
 ) -> PerInstance:
     """One instance as a sweep measured it: its users within the objective (the largest level that met it,
-    every lower one meeting it too: eval/serving.py), and the throughput of the highest-throughput level
+    every lower one meeting it too: eval/load/serving.py), and the throughput of the highest-throughput level
     among those; with the users' range where the levels were judged on intervals, and `at_least` where no
     level missed (the sweep's bound: a lower bound on the users)."""
     per = _within(levels, max_users_at_slo(dict(levels)), devices, how, lambda m: True)

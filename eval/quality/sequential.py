@@ -6,8 +6,8 @@ chance of a wrong PASS grows with the looks (tests/test_sequential.py measures i
 at all of them at once. Every rule of the gate is the sign of a mean of per-document terms: recovery is at least
 m exactly when the documents' mean of `x - m*y` is at least 0 (x the build's score, y the baseline's; for a
 perplexity-type metric x the baseline's negative log-likelihood, y the build's), and likewise the perplexity
-increase, the gain over a control and the output-length band (eval/stats.py, `terms`). So one test of "mean >= 0"
-against "mean < 0" judges each, and inverting it over m gives the interval shown.
+increase, the gain over a control and the output-length band (eval/quality/stats.py, `terms`). So one test of
+"mean >= 0" against "mean < 0" judges each, and inverting it over m gives the interval shown.
 
 Two sequences, by what the terms are:
 - scores in [0, 1] per document (accuracy, exact match, chrF): testing by betting (Waudby-Smith and Ramdas,

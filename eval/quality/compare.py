@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from eval.stats import ratio
+from eval.quality.stats import ratio
 
 
 def recovery(build: float, baseline: float, higher_is_better: bool) -> float:

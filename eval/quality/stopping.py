@@ -1,9 +1,9 @@
 """When to stop scoring a build that cannot ship: its tasks judged against the baseline's one by one.
 
 A quantized build passes only when every task passes (pipelines/decision/policy.py), so once one task fails
-the rest cannot change its verdict. With a stop rule, eval/accuracy.py scores the build's tasks one at a time
+the rest cannot change its verdict. With a stop rule, eval/quality/accuracy.py scores the build's tasks one at a time
 and asks `first_stop` after each; the tasks left are recorded as not scored, with its reason. Each verdict is
-the gate's own, from the same records and the same statistics (eval/paired.py): the paired comparison under
+the gate's own, from the same records and the same statistics (eval/quality/paired.py): the paired comparison under
 the task's threshold, and for a generative task the length rule where the policy gates it.
 """
 
@@ -14,9 +14,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval.paired import Bootstrap, Scored, Threshold, generation, paired
-from eval.records import AccuracyResult
-from eval.stats import Verdict
+from eval.quality.paired import Bootstrap, Scored, Threshold, generation, paired
+from eval.quality.records import AccuracyResult
+from eval.quality.stats import Verdict
 
 
 class TaskRule(BaseModel):
@@ -65,7 +65,7 @@ def first_stop(stop: StopScoring, folder: Path, scored: AccuracyResult, judged: 
 
 
 def decided(stop: StopScoring, folder: Path, scored: AccuracyResult, tasks: list[str]) -> bool:
-    """Whether the verdicts of `tasks` (scored so far, in rounds: eval/rounds.py) are known: one FAILs, or every
+    """Whether the verdicts of `tasks` (scored so far, in rounds: eval/quality/rounds.py) are known: one FAILs, or every
     rule of every one PASSes."""
     base, build = Scored(Path(stop.baseline_folder), stop.baseline), Scored(folder, scored)
     verdicts = [v for task in tasks for v, _ in _verdicts(stop, base, build, task)]

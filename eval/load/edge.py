@@ -5,7 +5,7 @@ The grid (1, 4, 16 users, say) leaves the edge somewhere between the last level 
 the first that misses it. Bisection on concurrency narrows that gap: the next level is the middle of the
 widest gap between judged levels from the largest level met (every level below it met too) to the first
 level missed, until no gap is wider than `tolerance` users, the card's levels are spent, or its time is.
-Levels judged too close to call (INCONCLUSIVE: eval/serving.py) stay inside the range, so the search narrows
+Levels judged too close to call (INCONCLUSIVE: eval/load/serving.py) stay inside the range, so the search narrows
 both ends of "users within the objective" rather than betting on one side.
 
 Where no level of the grid misses, the edge lies past it: the load is doubled from the highest level judged
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval.stats import Verdict
+from eval.quality.stats import Verdict
 
 MAX_EXTRA_LEVELS = 32  # a bisection over 4,096 users needs 12
 

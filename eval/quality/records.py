@@ -1,6 +1,6 @@
 """lm-eval's results as qeval reads them: its scores normalised, and its per-document records read back.
 
-eval/accuracy.py runs lm-eval and writes what it returns; this module reads what lm-eval wrote (result keys
+eval/quality/accuracy.py runs lm-eval and writes what it returns; this module reads what lm-eval wrote (result keys
 like `acc,none`, "N/A" stderrs, `samples_<task>.jsonl`), and nothing else in qeval does. document_metrics()
 and documents() read the per-document records back, pooling a group's subtasks, for paired statistics.
 """
@@ -32,7 +32,7 @@ class Metric(BaseModel):
 
 
 class TaskRounds(BaseModel):
-    """How far a task scored in rounds went (eval/rounds.py), and why it stopped there."""
+    """How far a task scored in rounds went (eval/quality/rounds.py), and why it stopped there."""
 
     scored: int = Field(description="documents scored: the first of the gate's order")
     pool: int = Field(description="documents the task has")
@@ -52,7 +52,7 @@ class AccuracyResult(BaseModel):
     lm_eval_version: str
     seconds: float
     peak_rss_mb: float = Field(description="peak resident memory of the evaluating process")
-    not_scored: dict[str, str] = Field({}, description="tasks left unscored, with why (eval/stopping.py)")
+    not_scored: dict[str, str] = Field({}, description="tasks left unscored, with why (eval/quality/stopping.py)")
     rounds: dict[str, TaskRounds] = Field({}, description="tasks scored in rounds: how far, and why they stopped")
 
     def stopped(self) -> str:
@@ -83,7 +83,7 @@ def generated(folder: Path, result: AccuracyResult, task: str) -> dict[tuple[str
 
 
 RESULTS_FILE = "lm_eval_results.json"
-"""lm-eval's own result document in an evaluation's folder (eval/accuracy.py writes it)."""
+"""lm-eval's own result document in an evaluation's folder (eval/quality/accuracy.py writes it)."""
 
 
 def answers(folder: Path, result: AccuracyResult, task: str, normalised: bool) -> dict[tuple[str, Any], int]:

@@ -1,6 +1,6 @@
-"""A task scored in rounds: its documents in the gate's seeded order (eval/sequential.py, `scoring_order`), `every`
-at a time on one loaded model, until its verdict is known, its pool is spent or the card's budget
-(`accuracy.limit`) is.
+"""A task scored in rounds: its documents in the gate's seeded order (eval/quality/sequential.py,
+`scoring_order`), `every` at a time on one loaded model, until its verdict is known, its pool is spent or the card's
+budget (`accuracy.limit`) is.
 
 Each round is one lm-eval run over that round's documents (`simple_evaluate`'s `samples`), the same rounds for the
 baseline and every build, so a document is scored in the same batch everywhere (bf16 rounds each batch's sums its
@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from eval.records import TaskRounds
-from eval.sequential import scoring_order
+from eval.quality.records import TaskRounds
+from eval.quality.sequential import scoring_order
 
 
 class Rounds(BaseModel):

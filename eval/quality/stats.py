@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from eval import sequential
+from eval.quality import sequential
 
 
 class Verdict(StrEnum):
@@ -151,7 +151,7 @@ def compare(
     """Paired comparison of per-document values, in the same document order for build and baseline.
 
     `sequence` (alpha, documents between looks, documents in the pool): the verdict and the judging interval from
-    a confidence sequence read at every look (eval/sequential.py), the values in scoring order; else from the
+    a confidence sequence read at every look (eval/quality/sequential.py), the values in scoring order; else from the
     paired bootstrap at `confidence`, read once.
 
     rule "recovery": PASS when recovery >= threshold over the whole interval (recovery is
@@ -229,7 +229,7 @@ def compare(
 
 
 def _form(metric: str, rule: Rule, higher: bool, likelihood: bool, a: np.ndarray, b: np.ndarray):
-    """(form, x, y, bounded) of a statistic for eval/sequential.py: recovery as a ratio of the better-is-larger
+    """(form, x, y, bounded) of a statistic for eval/quality/sequential.py: recovery as a ratio of the better-is-larger
     sums (a perplexity's as "exp"), the perplexity rule as "increase"; scores all in [0, 1] are bounded."""
     if rule == "ppl_increase":
         return "increase", b, a, False
@@ -338,7 +338,7 @@ def percentile_interval(
     seed: int = 0,
     groups: Sequence[int] | None = None,
 ) -> tuple[float, float, float]:
-    """The q-th percentile of `values` (linear interpolation, as eval/speed.py's `percentile`) with a bootstrap
+    """The q-th percentile of `values` (linear interpolation, as eval/devices/speed.py's `percentile`) with a bootstrap
     percentile interval: the values resampled with replacement `resamples` times, the percentile of each. Over
     the requests of one load level, where a p95 of 12 requests is nearly their maximum and its interval as wide
     as what separates builds; NaNs where there is no value. Where `groups` number the values by the server
@@ -381,7 +381,7 @@ def ratio_interval(
     groups: Sequence[int] | None = None,
 ) -> tuple[float, float, float]:
     """sum(num) / sum(den) over items resampled in pairs, with its bootstrap percentile interval: a level's
-    output tokens over its requests' time (eval/serving.py), where the requests, not the tokens, are the
+    output tokens over its requests' time (eval/load/serving.py), where the requests, not the tokens, are the
     independent draws; two-stage where `groups` number more than one server start (`two_stage`); NaNs where
     there is no item or no time."""
     n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)

@@ -2,7 +2,7 @@
 
 Closed loop: at concurrency c, c workers each send their next request as soon as the previous one
 ended, until the level's requests are done. Every request streams; the arrival of each chunk that
-carries tokens is stamped on one monotonic clock (eval/serving.py turns the stamps into metrics).
+carries tokens is stamped on one monotonic clock (eval/load/serving.py turns the stamps into metrics).
 Failed and timed-out requests are recorded with their error, never dropped.
 
 The client is aiohttp, as `vllm bench serve`'s is. On a machine where the client shares the cores with
@@ -25,8 +25,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eval.edge import EdgeSearch
-from eval.serving import RequestRecord
+from eval.load.edge import EdgeSearch
+from eval.load.serving import RequestRecord
 
 
 class LoadSettings(BaseModel):
@@ -47,7 +47,7 @@ class LoadSettings(BaseModel):
     )
     timeout_s: float = Field(gt=0, description="per request")
     warmup_timeout_s: float = Field(300, gt=0, description="per warm-up request (the first may load the model)")
-    edge: EdgeSearch | None = Field(None, description="levels and requests added past the grid (eval/edge.py)")
+    edge: EdgeSearch | None = Field(None, description="levels and requests added past the grid (eval/load/edge.py)")
 
 
 class LoadConfig(LoadSettings):
@@ -291,7 +291,7 @@ async def _levels(cfg, prompts, progress, starting, more, then, stalls) -> list[
     import aiohttp
 
     used = 0  # prompts taken so far: each request takes the next one
-    # no pool limit: the workers bound the requests in flight, levels past the grid (eval/edge.py) included; a
+    # no pool limit: the workers bound the requests in flight, levels past the grid (eval/load/edge.py) included; a
     # limit under a level's users would queue its requests for a connection, a wait the server never caused
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:

@@ -1,0 +1,1 @@
+"""The engine bench: a build's decode and prefill timed in one process (transformers), and its instruments."""
