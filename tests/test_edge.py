@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from eval.load.edge import AT_USERS, EdgeSearch, next_level, too_wide
-from eval.load.serving import LevelMetrics, users_interval
+from eval.load.serving import CLIENT_STALL_SHARE, LevelMetrics, users_interval
 from eval.quality.stats import Verdict
 
 P, U, F = Verdict.PASS, Verdict.INCONCLUSIVE, Verdict.FAIL  # met, too close to call, missed
@@ -145,8 +145,12 @@ def test_a_sweep_finds_an_edge_past_its_grid_or_says_its_figure_is_a_lower_bound
     load (32 met, 64 missed) and bisects to the edge. With max_users 32 it stops there, no level missed: the
     figure is at least 32, and says why."""
     search = EdgeSearch(levels=10, tolerance=1, interval_share=0.1, max_requests_per_user=3, max_s=120)
-    summary = _sweep_stub(tmp_path, search, 10, 415)
-    levels = summary["per_level"]
+    for attempt in range(2):  # a sweep whose client was held up measured the client, not the stub: once more
+        (tmp_path / str(attempt)).mkdir()
+        summary = _sweep_stub(tmp_path / str(attempt), search, 10, 415)
+        levels = summary["per_level"]
+        if max(m.client_stall_ms for m in levels.values()) < CLIENT_STALL_SHARE * 415:
+            break
     lo, hi = summary["users_at_slo_interval"]
     # to the user, or a user or two either side on a busy machine: its own ms add to the stub's wait, and a
     # client slow to send its next request leaves fewer requests in flight than users
