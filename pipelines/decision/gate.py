@@ -224,9 +224,10 @@ def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> De
     elif (
         (now := tracker.shipped()) is not None
         and now["precision"] not in card.precisions
-        and now["precision"] in _still_listed(card)
+        and (not now["precision"] or now["precision"] in _still_listed(card))
     ):
-        # a gate of some builds (qeval gate --precision) un-ships only a build it judged
+        # a gate of some builds (qeval gate --precision) un-ships only a build it judged; a version qeval did not
+        # register (no precision on its run) is not one
         kept = now["precision"] or f"version {now['version']}"
         log.warning(
             "%s: nothing of %s ships (%s); %s still ships, not judged here",
