@@ -218,8 +218,9 @@ def cpu_kv_space_gb(config: dict, kv_dtype_bytes: int, max_model_len: int, asked
 
 
 def cpu_memory_short(config: dict, precision: str, group_size: int, dtype: str, kv_gb: float, available: int | None):
-    """Why vLLM cannot hold this build on a CPU of `available` bytes, said before it starts (where its weights and
-    its KV-cache space need more; a None where they fit or it cannot tell): it would load for minutes and die."""
+    """Why vLLM cannot hold this build on a CPU of `available` bytes, said before it starts (where its weights, in
+    `dtype` (vLLM's --dtype), and its KV-cache space need more; None where they fit or it cannot tell): it would
+    load for minutes and die."""
     try:
         shape = Shape.from_config(config.get("text_config", config))
     except (ValueError, KeyError, TypeError):

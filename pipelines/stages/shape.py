@@ -185,9 +185,8 @@ def shape(card: ModelCard, precision: str, tracker: Tracker, *, force: bool = Fa
         settings.kv_cache_dtype, "vllm", device
     )
     if device.kind == "cpu" and not cannot:
-        dtype = "float32" if settings.dtype == "float32" else "bfloat16"
         group, kv_gb = card.quantization.group_size, settings.cpu_kv_cache_gb
-        cannot = engines.cpu_memory_short(arch, precision, group, dtype, kv_gb, available_bytes())
+        cannot = engines.cpu_memory_short(arch, precision, group, settings.dtype, kv_gb, available_bytes())
     version = f"{vllm.distribution} {vllm.version}"
     inputs = {
         "config": file_digest([config]),

@@ -133,10 +133,11 @@ def run_stage(
         for stale in final.parent.glob(f"{stage}.partial-*"):  # left by a killed run; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         done = read_manifest(final, kind)
-        if not force and done is not None and done.inputs_digest == digest and (lost := not_as_left(final, done)):
+        same = not force and done is not None and done.inputs_digest == digest
+        if same and (lost := not_as_left(final, done)):
             log.warning("%s@%s %s: %s since the stage finished: running it again", model, precision, stage, lost)
-            done = done.model_copy(update={"inputs_digest": ""})  # its time still guides the progress estimate
-        if not force and done is not None and done.inputs_digest == digest:
+            same = False
+        if same:
             if altered := done.result.altered(final):
                 raise Tampered(
                     f"{model}@{precision} {stage}: {altered}, since the stage finished; not used: rebuild it with "
