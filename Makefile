@@ -36,7 +36,7 @@ ENGINE_EVAL  := lm-eval[ruler]
 ENGINE_EVAL_STAMP := $(ENGINE_VENV)/.installed-lm-eval-ruler
 ENGINE_DEPS  := $(ENGINE_STAMP) $(if $(HAS_CUDA),$(ENGINE_EVAL_STAMP))
 
-.PHONY: run setup-run setup-test engine-eval speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size gate report sensitivity search ui quality venv engine team browser postgresql clean-venv
+.PHONY: run setup-run setup-test engine-eval speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size stage stages gate report sensitivity search ui quality venv engine team browser postgresql clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -132,6 +132,14 @@ size: $(STAMP)
 
 shape: $(STAMP) $(ENGINE_STAMP)
 	$(QEVAL) shape --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
+
+# any registered stage by its name (`make stages` lists them): make stage STAGE=size PRECISIONS="int8 awq"
+stage: $(STAMP)
+	@test -n "$(STAGE)" || { echo "make stage needs STAGE=<name> (make stages lists them)" >&2; exit 2; }
+	$(QEVAL) stage $(STAGE) --model $(MODEL) $(foreach p,$(PRECISIONS),--precision $(p))
+
+stages: $(STAMP)
+	$(QEVAL) stages
 
 gate: $(STAMP)
 	$(QEVAL) gate --model $(MODEL)

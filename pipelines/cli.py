@@ -8,29 +8,29 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import typer
 
-from pipelines import cli_search, cli_ship
+from pipelines import cli_search, cli_ship, cli_stages
 from pipelines.cli_common import (
     ForceOpt,
     JsonOpt,
     ModelOpt,
     PrecisionsOpt,
     ScenariosOpt,
+    chosen_builds,
     emit_json,
     err,
     guarded,
     out,
+    run_builds,
     tracker_for,
 )
 from pipelines.core.card import cards as cards_mod
 from pipelines.core.card.cards import ModelCard
-from pipelines.core.store.manifests import StageRecord
 from pipelines.core.store.searches import with_carried
 from pipelines.core.system import logs, progress
 from pipelines.core.system.errors import QevalError
@@ -56,43 +56,14 @@ def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug 
         signal.signal(sig, signal.default_int_handler)
 
 
-def _builds(card: ModelCard, precisions: list[str] | None, default: list[str]) -> list[str]:
-    """The builds named (`default` when none are), each checked against the card before any work starts."""
-    chosen = precisions or default
-    for p in chosen:
-        card.require_precision(p)
-    return chosen
-
-
 def _only(card: ModelCard, precisions: list[str] | None) -> ModelCard:
     """The card restricted to these builds and its baseline (all of them when None)."""
-    _builds(card, precisions, [])
+    chosen_builds(card, precisions, [])
     if not precisions:
         return card
     return card.model_copy(
         update={"precisions": [card.gate.baseline, *(p for p in precisions if p != card.gate.baseline)]}
     )
-
-
-def _report(model: str, records: list[StageRecord], as_json: bool) -> None:
-    out.print(console.records(records))
-    emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
-
-
-def _run_builds(
-    model: str,
-    precisions: list[str] | None,
-    default: Callable[[ModelCard], list[str]],
-    stage: Callable[..., StageRecord],
-    as_json: bool,
-    scenarios: list[str] | None = None,
-    **options: Any,
-) -> None:
-    """Run one stage for the chosen builds of a card (all checked before any work starts)."""
-    card = with_carried(cards_mod.load_card(model)).with_scenarios(scenarios or [])
-    chosen = _builds(card, precisions, default(card))
-    tracker = tracker_for(model)
-    _report(model, [stage(card, p, tracker, **options) for p in chosen], as_json)
 
 
 @app.command()
@@ -140,7 +111,7 @@ def quantize(
     """Build quantized checkpoints with llm-compressor and prove each one is real."""
     from pipelines.stages.quantize import quantize as run_quantize
 
-    _run_builds(model, precision, lambda c: c.precisions, run_quantize, as_json, force=force, num_samples=samples)
+    run_builds(model, precision, lambda c: c.precisions, run_quantize, as_json, force=force, num_samples=samples)
 
 
 @app.command()
@@ -156,7 +127,7 @@ def evaluate(
     from pipelines.stages.evaluate import evaluate as run_evaluate
 
     chosen = [precision] if precision else None
-    _run_builds(model, chosen, lambda c: [c.gate.baseline], run_evaluate, as_json, force=force, limit=limit)
+    run_builds(model, chosen, lambda c: [c.gate.baseline], run_evaluate, as_json, force=force, limit=limit)
 
 
 @app.command()
@@ -176,7 +147,7 @@ def bench(
     def default(card: ModelCard) -> list[str]:
         return [card.gate.baseline] if no_weights else card.precisions
 
-    _run_builds(model, precision, default, run_bench, as_json, force=force, no_weights=no_weights)
+    run_builds(model, precision, default, run_bench, as_json, force=force, no_weights=no_weights)
 
 
 @app.command()
@@ -198,7 +169,7 @@ def serve(
         raise QevalError("--url measures one build: name it with exactly one --precision")
     if url and ((u := urlsplit(url)).scheme not in ("http", "https") or not u.hostname or u.query or u.fragment):
         raise QevalError(f"--url must be an http(s) base URL such as http://127.0.0.1:8000, not '{redact(url)}'")
-    _run_builds(
+    run_builds(
         model,
         precision,
         lambda c: c.precisions,
@@ -222,7 +193,7 @@ def shape(
     """Every precision's speed at the model's real shape with random weights, on vLLM (no weights needed)."""
     from pipelines.stages.shape import shape as run_shape
 
-    _run_builds(model, precision, lambda c: c.precisions, run_shape, as_json, scenario, force=force)
+    run_builds(model, precision, lambda c: c.precisions, run_shape, as_json, scenario, force=force)
 
 
 @app.command()
@@ -243,7 +214,7 @@ def size(
     from pipelines.stages import size as size_stage
 
     card = with_carried(cards_mod.load_card(model))
-    chosen = _builds(card, precision, card.precisions)
+    chosen = chosen_builds(card, precision, card.precisions)
     names = gpu or [g.name for g in gpus.CATALOG]
     grid, a, fits = size_stage.projection(card, chosen, names, batch, input_len, output_len, mbu)
     out.print(console.fits(model, fits, grid, a))
@@ -344,11 +315,12 @@ def gate(
 
     Reads the stages from the tracking store where this machine lacks them."""
     from pipelines.decision.gate import gate as run_gate
+    from pipelines.present.shipcard import ship_card
 
     if against not in (None, "ship"):
         raise QevalError(f"--against takes 'ship' (the build alias ship points at), not '{against}'")
     card = _only(with_carried(cards_mod.load_card(model)), precision)
-    _gate_outcome(run_gate(card, tracker_for(model), against=against), as_json)
+    _gate_outcome(run_gate(card, tracker_for(model), ship_card=ship_card, against=against), as_json)
 
 
 @app.command()
@@ -383,6 +355,14 @@ def ui(
     serve_ui(host, port, model, out, err)
 
 
-# the registry's commands, and the mixed-precision search's, in their own modules
-for _command in (cli_ship.pull, cli_ship.verify, cli_ship.card, cli_search.sensitivity, cli_search.search):
+# the model registry's commands, the mixed-precision search's and the stage registry's, in their own modules
+for _command in (
+    cli_ship.pull,
+    cli_ship.verify,
+    cli_ship.card,
+    cli_search.sensitivity,
+    cli_search.search,
+    cli_stages.stages,
+    cli_stages.stage,
+):
     app.command()(_command)

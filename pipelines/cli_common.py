@@ -1,5 +1,5 @@
 """What every `qeval` subcommand shares: its consoles, its options, one line and exit status 2 for a
-QevalError, the --json document, and the tracking store's handle.
+QevalError, the --json document, the tracking store's handle, and a stage run for the builds a command names.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import typer
 from rich.console import Console
 
 from pipelines.core.card import cards as cards_mod
+from pipelines.core.card.cards import ModelCard
+from pipelines.core.store.manifests import StageRecord
+from pipelines.core.store.searches import with_carried
 from pipelines.core.system.errors import QevalError
+from pipelines.present import console
 
 # Written to a file or a pipe, Rich would cut tables at 80 columns: names a user must type get "…"; wide
 # enough, a table keeps its natural width.
@@ -57,3 +61,32 @@ def tracker_for(model: str):
     from pipelines.tracking.mlflow_tracker import MlflowTracker
 
     return MlflowTracker(cards_mod.check_name(model))
+
+
+def chosen_builds(card: ModelCard, precisions: list[str] | None, default: list[str]) -> list[str]:
+    """The builds named (`default` when none are), each checked against the card before any work starts."""
+    chosen = precisions or default
+    for p in chosen:
+        card.require_precision(p)
+    return chosen
+
+
+def report_records(model: str, records: list[StageRecord], as_json: bool) -> None:
+    out.print(console.records(records))
+    emit_json({"model": model, "stages": [r.as_json() for r in records]}, as_json)
+
+
+def run_builds(
+    model: str,
+    precisions: list[str] | None,
+    default: Callable[[ModelCard], list[str]],
+    stage: Callable[..., StageRecord],
+    as_json: bool,
+    scenarios: list[str] | None = None,
+    **options: Any,
+) -> None:
+    """Run one stage for the chosen builds of a card (all checked before any work starts)."""
+    card = with_carried(cards_mod.load_card(model)).with_scenarios(scenarios or [])
+    chosen = chosen_builds(card, precisions, default(card))
+    tracker = tracker_for(model)
+    report_records(model, [stage(card, p, tracker, **options) for p in chosen], as_json)

@@ -33,6 +33,7 @@ from pipelines.core.system.errors import QevalError
 from pipelines.decision.gate import gate, nothing_to_gate
 from pipelines.fanout import run_on_ray
 from pipelines.present.report import report, speed_report
+from pipelines.present.shipcard import ship_card
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ def _decide(
     seconds = defaultdict(float, seconds or {})
     log.info("gate %s", card.name)
     t0 = time.perf_counter()
-    decision = gate(card, tracker)
+    decision = gate(card, tracker, ship_card=ship_card)
     seconds["gate"] = time.perf_counter() - t0
     log.info("report %s", card.name)
     files = report(card, decision, tracker)

@@ -28,8 +28,8 @@ from pipelines.core.card.cards import ModelCard
 from pipelines.core.card.search import Search
 from pipelines.core.framework.tracker import Tracker
 from pipelines.core.store.manifests import result_of
-from pipelines.core.store.ranked import Candidate, Ranked
 from pipelines.core.store.results import Evaluated, Quantized
+from pipelines.core.store.results.ranked import Candidate, Ranked
 from pipelines.core.store.searches import Searched, Tried, write_search
 from pipelines.core.store.verdicts import worst_of
 from pipelines.core.system.errors import QevalError

@@ -210,8 +210,9 @@ def test_users_within_the_objective_as_a_range_make_cost_a_range_by_hand():
 def test_a_sweep_that_found_no_edge_gives_a_lower_bound_and_costs_at_most():
     """Every level met and the search past the grid stopped at a bound: the users a lower bound, the devices
     and $ that rest on them upper bounds, said so in the table's cell, the gate's figure and its speed line."""
-    from pipelines.present.capacity import Cell, cell_text
-    from pipelines.present.formats import speed, users_count
+    from pipelines.core.store.formats import speed, users_count
+    from pipelines.decision.pricing import Cell
+    from pipelines.present.capacity import cell_text
 
     P = Verdict.PASS
     why = "the card's max_users (64)"
@@ -260,7 +261,7 @@ def test_the_gate_judges_cost_at_the_cards_per_user_speed(monkeypatch):
     users would get less; a build no level of which gives each user that speed fails the cost rule; on a device
     with no sweep (projected) the edge is judged, and the figure says so."""
     from eval.load.capacity import usd_per_mtok
-    from pipelines.present import frontier
+    from pipelines.decision import pricing
 
     data = yaml.safe_load((REPO / "pipelines/models/ref-lm.yaml").read_text())
     card = ModelCard.model_validate({**data, "gate": {**data["gate"], "prefer": "cost", "cost_on": "cpu"}})
@@ -273,11 +274,11 @@ def test_the_gate_judges_cost_at_the_cards_per_user_speed(monkeypatch):
         "awq": {1: lv(45, 45), 4: lv(35, 140), 16: lv(30, 480)},  # at 40: 45 + 95 / 2 = 92.5 tokens/s
         "fp8": {1: lv(10, 10), 4: lv(5, 20)},  # no level gives each user 40
     }
-    monkeypatch.setattr(frontier, "measured_sweep", lambda c, p, n, sc: ("cpu", sweeps[p]))
+    monkeypatch.setattr(pricing, "measured_sweep", lambda c, p, n, sc: ("cpu", sweeps[p]))
     edge = {"int8": 0.10, "awq": 0.08, "fp8": 0.5}  # at each build's own edge, awq is the cheaper
     builds = []
     for p, at_edge in edge.items():
-        figure = frontier.with_speed(card, p, CostFigure("cpu", True, 16, 4, 0.4, at_edge, None))
+        figure = pricing.with_speed(card, p, CostFigure("cpu", True, 16, 4, 0.4, at_edge, None))
         speed = Measured(50.0, 2.0, 1.0, Execution.NATIVE, cost=figure)
         builds.append(BuildVerdict(precision=p, verdict=Verdict.PASS, rules=[], tasks={}, speed=speed, speedup=None))
     int8, awq, fp8 = (b.speed.cost for b in builds)
@@ -289,7 +290,7 @@ def test_the_gate_judges_cost_at_the_cards_per_user_speed(monkeypatch):
     bound = Gate(max_cost_per_mtok=0.2)
     assert [cost_rule(bound, b.speed).verdict for b in builds] == [Verdict.PASS, Verdict.FAIL, Verdict.FAIL]
     # projected on the card's first GPU: no frontier there, so its edge is judged, and said so
-    projected = frontier.with_speed(card, "int8", CostFigure("h100-sxm", False, 64, 1, 2.5, 0.02, None))
+    projected = pricing.with_speed(card, "int8", CostFigure("h100-sxm", False, 64, 1, 2.5, 0.02, None))
     assert projected.judged == 0.02 and "no sweep on h100-sxm, its edge judged" in projected.text()
 
 

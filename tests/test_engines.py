@@ -179,7 +179,7 @@ def test_vllm_runs_4_bit_weights_on_a_cpu_only_with_avx512_and_in_16_bits():
 def test_vllm_serves_in_the_offline_evaluations_dtype_and_bf16_as_the_checkpoints(monkeypatch):
     """vllm_dtype answers for --dtype and for whether the 4-bit kernel runs, in the serve and shape stages alike:
     bf16 is `auto`; the report says which arithmetic the figures ran in."""
-    from pipelines.present.formats import arithmetic
+    from pipelines.core.store.formats import arithmetic
 
     assert engines.vllm_dtype(Device("cuda", (9, 0))) == "auto"
     monkeypatch.setattr(engines, "compute_dtype", lambda device: "float32")  # a CPU without bf16 units

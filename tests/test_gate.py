@@ -15,10 +15,10 @@ from eval.quality.records import GENERATED_IDS, Metric, leaves
 from eval.quality.stats import Verdict, compare
 from eval.quality.stopping import StopScoring, TaskRule, first_stop
 from pipelines.core.card.cards import Gate
+from pipelines.core.store.formats import precision_colour
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
 from pipelines.decision.policy import choose, combine, length_rule, memory_rule, speed_rule, task_rule
 from pipelines.present.charts import pareto
-from pipelines.present.formats import precision_colour
 from pipelines.present.report_tables import documents_section
 from pipelines.tracking.store import sqlite_store
 from quant.execution import Execution
@@ -566,14 +566,15 @@ def test_a_gate_of_some_builds_un_ships_only_a_build_it_judged(own_root):
 
     from pipelines.core.card.cards import load_card
     from pipelines.decision.gate import gate, nothing_to_gate
+    from pipelines.present.shipcard import ship_card
 
     _with_policy(own_root, baseline="bf16", min_recovery=0.5, min_speedup=None, task_min_recovery={"refkjv_ppl": 1.5})
     card, tracker = load_card("ref-small"), MemoryTracker("ref-small")
     tracker.register_ship(tracker.build_run("fp8"), "fp8's checkpoint", "an earlier gate")
-    some = gate(card.model_copy(update={"precisions": ["bf16", "int8"]}), tracker)
+    some = gate(card.model_copy(update={"precisions": ["bf16", "int8"]}), tracker, ship_card=ship_card)
     assert some.chosen is None and [b.precision for b in some.builds] == ["int8"]
     assert tracker.shipped()["precision"] == "fp8"
-    assert gate(card.model_copy(update={"precisions": ["bf16", "fp8"]}), tracker).chosen is None
+    assert gate(card.model_copy(update={"precisions": ["bf16", "fp8"]}), tracker, ship_card=ship_card).chosen is None
     assert tracker.shipped() is None
     # a run that judged nothing (its speed half) leaves the alias where a gate put it (issue 67)
     tracker.register_ship(tracker.build_run("fp8"), "fp8's checkpoint", "an earlier gate")
@@ -583,5 +584,5 @@ def test_a_gate_of_some_builds_un_ships_only_a_build_it_judged(own_root):
     path = own_root / "cards" / "ref-small.yaml"
     path.write_text(path.read_text().replace("precisions: [bf16, fp8, ", "precisions: [bf16, "))
     assert "fp8" not in load_card("ref-small").precisions
-    assert gate(card.model_copy(update={"precisions": ["bf16", "int8"]}), tracker).chosen is None
+    assert gate(card.model_copy(update={"precisions": ["bf16", "int8"]}), tracker, ship_card=ship_card).chosen is None
     assert tracker.shipped() is None

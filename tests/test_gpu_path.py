@@ -20,7 +20,7 @@ from helpers import REPO, card_env, env_with, qeval, qeval_timed, root_env
 
 import eval.bench.engine as engine_mod
 import pipelines.core.system.device as device_mod
-import pipelines.present.capacity as capacity_mod
+import pipelines.decision.pricing as capacity_mod
 import pipelines.stages.evaluate as evaluate_mod
 from conftest import small_card_text
 from eval.devices.gpus import get_gpu
@@ -872,5 +872,5 @@ ranked_in_a_child = lanes.side_job("ranked_in_a_child", _ranked_in_a_child)
 def test_the_sensitivity_ranking_runs_in_a_child_process(ranked_in_a_child):
     """The child a GPU runs it in, here on the CPU: ref-lm's 24 layer groups ranked on two short samples."""
     ranked, folder = ranked_in_a_child
-    assert len(ranked.ranked) == 24 and ranked.tokens <= 2 * 64 and (folder / "sensitivity.png").is_file()
+    assert len(ranked.ranked) == 24 and ranked.tokens <= 2 * 64 and (folder / "sensitivity.json").is_file()
     assert ranked.ranked[0].kl >= ranked.ranked[-1].kl > 0 and len(ranked.frontier) == 25

@@ -49,6 +49,7 @@ def _base_copy(tmp_path: Path, name: str = "base") -> Path:
 def test_a_checkpoint_changed_after_its_build_is_refused_by_every_reader(own_root):
     from pipelines.core.framework.weights import checkpoint_for
     from pipelines.decision.gate import gate
+    from pipelines.present.shipcard import ship_card
     from pipelines.stages.quantize import quantize
 
     card = load_card("ref-small")
@@ -60,7 +61,7 @@ def test_a_checkpoint_changed_after_its_build_is_refused_by_every_reader(own_roo
     with pytest.raises(Tampered, match=r"ref-small@int8: .*model\.safetensors has changed"):
         checkpoint_for(card, "int8")  # what evaluate, bench and serve read a checkpoint through
     with pytest.raises(Tampered, match=r"model\.safetensors"):
-        gate(card, tracker)
+        gate(card, tracker, ship_card=ship_card)
     assert tracker.shipped() is None
 
     (weights.parent / "extra.py").write_text("print('hello')\n")  # a file added is a change too
@@ -75,6 +76,7 @@ def test_a_checkpoint_changed_after_its_build_is_refused_by_every_reader(own_roo
 def test_pull_delivers_only_the_bytes_the_gate_judged(own_root, tmp_path):
     from pipelines.core.framework.weights import checkpoint_for
     from pipelines.decision.gate import gate
+    from pipelines.present.shipcard import ship_card
     from pipelines.tracking.readback import pull, verify
 
     path = own_root / "cards" / "ref-small.yaml"  # a lenient policy, so that a build ships
@@ -85,7 +87,9 @@ def test_pull_delivers_only_the_bytes_the_gate_judged(own_root, tmp_path):
     )
     card = load_card("ref-small")
     tracker = MemoryTracker(card.name)
-    decision = gate(card, tracker)  # the gate logs the checkpoint and its record where the run has neither
+    decision = gate(
+        card, tracker, ship_card=ship_card
+    )  # the gate logs the checkpoint and its record where the run has neither
     assert decision.chosen, decision.why
     info = tracker.shipped()
     assert info["files"]  # the digest of the gated file list, on the registered version

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import time
 
+from pipelines.core.store import formats as present
 from pipelines.core.system import progress
-from pipelines.present import formats as present
 from pipelines.tracking.mapping import build_run_tags
 from pipelines.tracking.names import PARAM_PRECISION, TAG_RUN_COLOUR
-from pipelines.tracking.tables import NAMES
+from pipelines.tracking.tables import names
 from pipelines.tracking.view import runs_view
 
 
@@ -35,12 +35,12 @@ def test_a_precision_has_one_colour_and_precisions_differ():
 
 def test_the_runs_view_names_only_what_qeval_logs():
     view = runs_view()
-    metrics = set(NAMES["metrics"])
+    known = names()
+    metrics = set(known["metrics"])
     for column in view["selectedColumns"]:
         kind, name = column.split(".", 1)
         name = name.strip("`")
-        known = {"metrics": metrics, "params": set(NAMES["params"]), "tags": set(NAMES["tags"])}
-        assert name in known.get(kind, {"Description"}), column
+        assert name in {k: set(v) for k, v in known.items()}.get(kind, {"Description"}), column
     for chart in view["compareRunCharts"]:
         used = [chart.get("metricKey"), *(chart.get(a, {}).get("key") for a in ("xaxis", "yaxis"))]
         used += chart.get("selectedMetrics", [])
@@ -80,7 +80,7 @@ def test_card_text_in_the_ship_card_is_shown_as_written_not_acted_on(tmp_path, m
     from markdown_it import MarkdownIt
 
     from pipelines.core.card.cards import ModelCard
-    from pipelines.present.formats import literal
+    from pipelines.core.store.formats import literal
     from pipelines.present.shipcard import _what
 
     monkeypatch.setenv("QEVAL_WORKDIR", str(tmp_path))

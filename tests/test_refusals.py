@@ -54,6 +54,7 @@ def test_a_stage_not_as_it_finished_is_named_by_the_gate_and_runs_again(own_root
 
     from pipelines.core.card.cards import load_card
     from pipelines.decision.gate import gate
+    from pipelines.present.shipcard import ship_card
     from pipelines.stages.evaluate import evaluate
 
     card, tracker = load_card("ref-small"), MemoryTracker("ref-small")
@@ -61,7 +62,7 @@ def test_a_stage_not_as_it_finished_is_named_by_the_gate_and_runs_again(own_root
     record = next(folder.glob("samples_*.jsonl"))
     record.unlink()
     with pytest.raises(QevalError, match=rf"int8 evaluate: {record.name} is missing since it finished; rerun: qeval "):
-        gate(card, tracker)
+        gate(card, tracker, ship_card=ship_card)
     again = evaluate(card, "int8", tracker)  # the command the gate names does what it says
     assert again.status == "done" and record.is_file()
 
@@ -71,7 +72,7 @@ def test_a_stage_not_as_it_finished_is_named_by_the_gate_and_runs_again(own_root
         QevalError,
         match=r"int8 evaluate: it measured other weights than the checkpoint holds now \(built again since\); rerun",
     ):
-        gate(card, tracker)
+        gate(card, tracker, ship_card=ship_card)
 
     # fp8's evaluation copied into awq's folder is not awq's: there is none
     shutil.rmtree(own_root / "artifacts/ref-small/awq/evaluate")

@@ -13,7 +13,7 @@ from helpers import REPO
 from eval.quality.stats import Verdict
 from pipelines.core.card.cards import load_card
 from pipelines.core.card.search import Search
-from pipelines.core.store.ranked import Candidate, Ranked, RankedGroup
+from pipelines.core.store.results.ranked import Candidate, Ranked, RankedGroup
 from pipelines.core.store.searches import Tried
 from pipelines.core.system.errors import QevalError
 from pipelines.search import bisect, candidates, first_guess

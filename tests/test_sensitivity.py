@@ -165,7 +165,7 @@ def test_a_card_that_ignores_every_layer_has_no_ranking(workdir, cards):
 
     from pipelines.core.card.cards import load_card
     from pipelines.core.store.manifests import finished
-    from pipelines.core.store.ranked import Ranked
+    from pipelines.core.store.results.ranked import Ranked
     from pipelines.core.system.errors import QevalError
     from pipelines.stages.sensitivity import sensitivity
 

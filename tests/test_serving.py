@@ -150,7 +150,7 @@ def test_intervals_over_several_server_starts_by_hand():
 
 def test_a_speedups_interval_and_a_crossing_within_the_noise_by_hand():
     from eval.load.speedup import crossovers, speedup_intervals
-    from pipelines.present.formats import crossing
+    from pipelines.core.store.formats import crossing
 
     def level(tps: float, lo: float, hi: float) -> LevelMetrics:
         return LevelMetrics(requests=8, failed=0, meets_slo=True, output_tps=tps, output_tps_interval=(lo, hi))

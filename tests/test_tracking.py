@@ -14,21 +14,13 @@ from eval.quality.accuracy import AccuracyConfig
 from eval.quality.records import Metric
 from pipelines.core.framework.registry import STAGES
 from pipelines.core.store.results import Evaluated, Quantized, StageResult, VllmSettings
+from pipelines.core.store.results.logs import Logs
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.net import redact
-from pipelines.tracking.mapping import MAPPINGS, logged
+from pipelines.tracking.mapping import logged
 from pipelines.tracking.names import MAX_DESCRIPTION
 from pipelines.tracking.store import tracking_uri
-from pipelines.tracking.tables import (
-    ENGINE_SETTINGS,
-    EVAL_SETTINGS,
-    LOAD_SETTINGS,
-    NAMES,
-    NOT_SETTINGS,
-    QUANTIZE_SETTINGS,
-    VERIFY_SETTINGS,
-    VLLM_SETTINGS,
-)
+from pipelines.tracking.tables import names
 from quant.build import QuantizeConfig
 from quant.recipes import IGNORE
 from quant.verify import VerifyConfig
@@ -61,28 +53,24 @@ def test_evaluate_names_follow_the_contract():
     assert out.params["eval.backend"] == "hf" and out.params["eval.limit"] == "None"
 
 
-def test_every_stage_has_its_mlflow_mapping():
+def test_every_stage_declares_what_it_logs():
     """A stage added to the registry without saying what its result logs fails here, not at a run's end."""
-    assert {s.result for s in STAGES.values()} == set(MAPPINGS)
+    assert all(isinstance(s.result.LOGS, Logs) for s in STAGES.values())
 
-    class Unmapped(StageResult):
-        STAGE = "unmapped"
+    class Undeclared(StageResult):
+        STAGE = "undeclared"
 
-    with pytest.raises(TypeError, match="no MLflow mapping for Unmapped"):
-        logged(Unmapped())
+    with pytest.raises(TypeError, match="no MLflow declaration for Undeclared"):
+        logged(Undeclared())
 
 
 def test_every_setting_of_a_stage_is_a_param_or_said_not_to_be_one():
-    for config, tables in (
-        (QuantizeConfig, [QUANTIZE_SETTINGS]),
-        (VerifyConfig, [VERIFY_SETTINGS]),
-        (AccuracyConfig, [EVAL_SETTINGS]),
-        (EngineConfig, [ENGINE_SETTINGS]),
-        (VllmSettings, [VLLM_SETTINGS]),
-    ):
-        covered = {f for t in tables for f in t} | set(NOT_SETTINGS[config.__name__])
-        assert covered == set(config.model_fields), config.__name__
-    assert set(LOAD_SETTINGS) == set(LoadSettings.model_fields)
+    declared = [s for spec in STAGES.values() for s in spec.result.LOGS.settings]
+    for s in declared:
+        assert set(s.params) | set(s.unlogged) == set(s.kind.model_fields), s.kind.__name__
+        assert not set(s.params) & set(s.unlogged), s.kind.__name__
+    kinds = {s.kind for s in declared}
+    assert {QuantizeConfig, VerifyConfig, AccuracyConfig, EngineConfig, VllmSettings, LoadSettings} <= kinds
 
 
 def test_the_scheme_says_the_cards_group_size():
@@ -116,12 +104,12 @@ def _layout_names() -> set[str]:
 
 
 def test_the_mlflow_layout_lists_every_name_and_no_other():
-    ours = {n for names in NAMES.values() for n in names}
+    ours = {n for kind in names().values() for n in kind}
     shown = _layout_names()
     prefixes = r"(eval|recovery|quant|size|engine|mem|server|shape|gate|cost|qeval)[/.]"
     name_like = {n for n in shown if re.match(prefixes, n) and not re.search(r"\.(json|csv|png|md|log|yaml)$", n)}
-    assert ours - shown == set(), "in pipelines/tracking/tables.py (NAMES), not in docs/mlflow.md's MLflow layout"
-    assert name_like - ours == set(), "in docs/mlflow.md's MLflow layout, not in pipelines/tracking/tables.py (NAMES)"
+    assert ours - shown == set(), "declared (names()), not in docs/mlflow.md"
+    assert name_like - ours == set(), "in docs/mlflow.md, not declared (names())"
     assert {"qeval.stage.<stage>", "qeval.gate.verdict"} <= shown
 
 

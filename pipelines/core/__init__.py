@@ -2,7 +2,8 @@
 below it (tests/test_architecture.py holds them to it):
 
 - framework/: the stage registry and runner, code identity, the tracker protocol, a build's weights;
-- store/: the on-disk layout, the typed results, manifests, the gate's decision types;
+- store/: the on-disk layout, the typed results, manifests, the gate's decision types, and how their figures are
+  written (formats.py: units, colours, one-line summaries, shared by the report and MLflow's tags);
 - card/: the model card, its errors, the gate's policy values, the traffic it states;
 - system/: errors, paths, files, integrity, the network probe, processes, logging, progress, the device.
 

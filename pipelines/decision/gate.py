@@ -22,6 +22,7 @@ run, so that any machine reaching the store can fetch it (`qeval pull`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,12 +62,12 @@ from pipelines.decision.policy import (
     task_rule,
     vs_ship_rule,
 )
-from pipelines.present.shipcard import ship_card
 from pipelines.tracking.names import SHIP_ALIAS as SHIP
 from pipelines.tracking.readback import fetch_builds, fetch_shipped, logged_result
 from quant.precisions import get_precision
 
 Shipped = tuple[str, tuple[Scored, Evaluated]]  # the shipped version's name, and its evaluation
+ShipCard = Callable[[ModelCard, Decision], str | None]
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +198,12 @@ def _check_stages(card: ModelCard) -> None:
             raise QevalError(f"gate: {problem}")
 
 
-def gate(card: ModelCard, tracker: Tracker, *, against: str | None = None) -> Decision:
+def gate(card: ModelCard, tracker: Tracker, *, ship_card: ShipCard, against: str | None = None) -> Decision:
     """Decide, then record the decision: gate.json, MLflow tags, and the registry alias `ship`.
 
-    `against="ship"`: a regression gate, every build also compared with the build that ships now."""
+    `ship_card` writes the chosen build's card from the decision (pipelines/present/shipcard.py: the caller hands
+    it in, so that the decision hands its data to what presents it); `against="ship"`: a regression gate, every
+    build also compared with the build that ships now."""
     fetch_builds(card, tracker)
     _check_stages(card)
     shipped, info = _shipped(card, tracker) if against == SHIP else (None, {})

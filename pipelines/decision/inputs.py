@@ -21,7 +21,7 @@ from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Benched, Evaluated, Served, Sized
 from pipelines.core.store.verdicts import Measured
 from pipelines.core.system.errors import QevalError
-from pipelines.present import capacity, frontier
+from pipelines.decision.pricing import cost_figure, with_speed
 
 
 def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
@@ -54,7 +54,7 @@ def measured(card: ModelCard, precision: str) -> tuple[Measured, float]:
         users_at_slo=served.max_users_at_slo if served else None,
         users_range=served.users_at_slo_interval if served else None,
         users_bound=served.users_bound if served else None,
-        cost=frontier.with_speed(card, precision, capacity.cost_figure(card, precision)),
+        cost=with_speed(card, precision, cost_figure(card, precision)),
     )
     return m, float(bench.engine.weight_bytes)
 

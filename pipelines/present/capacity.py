@@ -1,39 +1,22 @@
 """The capacity and cost table of a card's traffic (`traffic:`), and its Markdown.
 
-Rows are builds, columns device kinds: the device a sweep ran on (measured: the serve stage's sweep of a
-real checkpoint where it swept the traffic's scenario, else the shape stage's at random weights) and the
-card's GPUs (projected from the size stage's bytes at the card's stated bandwidth share; eval/load/capacity.py).
-Each cell is the devices the traffic needs within the scenario's objective, their price per hour, per
-million output tokens and per request, and says whether it was measured or projected.
+Rows are builds, columns device kinds, each cell one build's capacity on one device as pipelines/decision/pricing.py
+computes it (the device a sweep ran on, measured; the card's GPUs, projected): the devices the traffic needs within
+the scenario's objective, their price per hour, per million output tokens and per request, and whether it was
+measured or projected.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-import eval.devices.gpus as gpus
-import eval.load.capacity as capacity
-from eval.devices.sizing import Shape
 from eval.load.serving import LevelMetrics
 from eval.load.speedup import speedup_intervals, speedups
-from pipelines.core.card.cards import ModelCard, Scenario, Slo
+from pipelines.core.card.cards import ModelCard, Slo
 from pipelines.core.card.traffic import CPU
-from pipelines.core.framework.weights import architecture
-from pipelines.core.store.manifests import result_of
-from pipelines.core.store.results import AtShape, Served, Sized
-from pipelines.core.store.verdicts import CostFigure, Decision
-from pipelines.core.system.errors import QevalError
-from pipelines.present import formats
-
-
-@dataclass(frozen=True)
-class Cell:
-    device: str  # "cpu" or a GPU's catalog name
-    per: capacity.PerInstance | None  # None: no tensor-parallel degree holds the build
-    cost: capacity.Cost
-    price: float | None  # $ per device-hour, from the card
-    bounds: tuple[capacity.Cost, capacity.Cost] | None = None  # measured on intervals: conservative, optimistic
+from pipelines.core.store import formats
+from pipelines.core.store.verdicts import Decision
+from pipelines.decision.pricing import Cell, cells_of, traffic_scenario
 
 
 @dataclass(frozen=True)
@@ -53,118 +36,6 @@ class Table:
     load: str  # the traffic in words
     devices: list[str]
     rows: list[Row]
-
-
-Found = tuple[str, dict[int, LevelMetrics], str, str | None]
-
-
-def measured_sweep(card: ModelCard, precision: str, name: str, sc: Scenario) -> Found | None:
-    """(device, levels, how, why no edge was found) of the sweep that measured the build in this scenario: the
-    serve stage's of the real checkpoint (its prompt possibly cut to the model's positions), else the shape
-    stage's."""
-    served = result_of(card.name, precision, Served)
-    if served and served.vllm and served.load.output_len == sc.output_len and served.load.input_len <= sc.input_len:
-        device = served.device or CPU
-        how = f"measured: {served.engine_version or served.engine} sweep on {device}"
-        return device, served.per_level, how, served.users_bound
-    shaped = result_of(card.name, precision, AtShape)
-    sweep = shaped.scenarios.get(name) if shaped else None
-    if sweep is None:
-        return None
-    device = shaped.device or CPU
-    probed = " (probed at one user: too slow to sweep)" if sweep.probe else ""
-    how = f"measured: random weights at the shape, {shaped.engine_version} on {device}{probed}"
-    return device, sweep.per_level, how, sweep.users_bound
-
-
-def _shape(card: ModelCard) -> tuple[Shape | None, int | None]:
-    """The model's shape and its positions; (None, None) where the card has no architecture this machine can
-    read (a hub card without `source.config`): then nothing is projected."""
-    try:
-        shape, _, positions = architecture(card, "the capacity table")
-    except QevalError:
-        return None, None
-    return shape, positions
-
-
-def _needed(card: ModelCard, per: capacity.PerInstance | None) -> float:
-    t = card.traffic
-    if t.users is not None:
-        return float(t.users)
-    return capacity.users_for_rate(t.rate_rps, per.e2e_s) if per and per.users else 0.0
-
-
-def _cell(
-    card: ModelCard, device: str, per: capacity.PerInstance | None, levels: dict[int, LevelMetrics] | None = None
-) -> Cell:
-    price = card.traffic.prices.get(device)
-    ends = capacity.bounds(levels, per) if levels is not None and per is not None else None
-    costs = tuple(capacity.cost(p, _needed(card, p), price) for p in ends) if ends else None
-    return Cell(device, per, capacity.cost(per, _needed(card, per), price), price, costs)
-
-
-def traffic_scenario(card: ModelCard) -> tuple[str, Scenario, Shape | None]:
-    """The traffic's scenario as the servers swept it (cut to the model's positions), and the model's shape."""
-    name = card.traffic.scenario or card.speed.main_scenario[0]
-    shape, positions = _shape(card)
-    return name, card.scenarios_within(positions)[name][0], shape
-
-
-def cells_of(card: ModelCard, precision: str) -> tuple[dict[str, Cell], dict[int, LevelMetrics] | None]:
-    """One build's cells (the device it was swept on, then the GPUs it was sized for), and its measured levels."""
-    t = card.traffic
-    name, sc, shape = traffic_scenario(card)
-    slo = card.speed.slo_of(sc)
-    cells, levels = {}, None
-    if found := measured_sweep(card, precision, name, sc):
-        device, levels, how, bound = found
-        cells[device] = _cell(card, device, capacity.measured(levels, how=how, at_least=bound), levels)
-    sized = result_of(card.name, precision, Sized)
-    if sized is not None and shape is not None:
-        a = dataclasses.replace(sized.assumptions, mbu=t.projected_mbu, mfu=t.projected_mfu)
-        for fit in sized.fits:
-            if fit.gpu in cells:
-                continue
-            got = capacity.project(
-                shape,
-                precision,
-                gpus.get_gpu(fit.gpu),
-                weights=sized.weights_bytes,
-                input_len=sc.input_len,
-                output_len=sc.output_len,
-                ttft_ms=slo.ttft_ms,
-                tpot_ms=slo.tpot_ms,
-                a=a,
-            )
-            cells[fit.gpu] = _cell(card, fit.gpu, got[0] if got else None)
-    return cells, levels
-
-
-def cost_figure(card: ModelCard, precision: str) -> CostFigure | None:
-    """The build's cost for the card's traffic on the device the gate judges cost on (None: no traffic, or
-    neither measured nor sized there)."""
-    if card.traffic is None:
-        return None
-    cell = cells_of(card, precision)[0].get(card.cost_device)
-    if cell is None:
-        return None
-    c, per = cell.cost, cell.per
-    users = per.users if per else 0
-    ends = cell.bounds
-    return CostFigure(
-        device=cell.device,
-        measured=bool(per and per.measured),
-        users_per_instance=users,
-        devices=c.devices,
-        usd_per_hour=c.usd_per_hour,
-        usd_per_mtok=c.usd_per_mtok,
-        why=c.why,
-        at_most=per.at_least if per else None,
-        devices_range=(ends[1].devices, ends[0].devices) if ends else None,
-        usd_per_mtok_range=(ends[1].usd_per_mtok, ends[0].usd_per_mtok)
-        if ends and c.usd_per_mtok is not None
-        else None,
-    )
 
 
 def table(card: ModelCard, decision: Decision | None = None) -> Table | None:

@@ -15,10 +15,10 @@ from matplotlib.lines import Line2D
 from eval.load.speedup import speedups
 from eval.quality.stats import Verdict
 from pipelines.core.card.cards import ModelCard
+from pipelines.core.store import formats
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Benched, ScenarioSweep, Served
 from pipelines.core.store.verdicts import Decision, Measured
-from pipelines.present import formats
 
 _GREY = "#555555"
 

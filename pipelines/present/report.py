@@ -10,19 +10,20 @@ summary run in MLflow.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pipelines.core.card.cards import ModelCard
 from pipelines.core.framework.tracker import Tracker
+from pipelines.core.store import formats
 from pipelines.core.store.manifests import result_of
-from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import Benched, Served
+from pipelines.core.store.results.ranked import Ranked
 from pipelines.core.store.verdicts import Decision
 from pipelines.core.system.files import atomic_write
 from pipelines.core.system.paths import reports_dir
-from pipelines.present import capacity, charts, formats, frontier, search_section, shipcard, speed_half
+from pipelines.decision import pricing
+from pipelines.present import capacity, charts, frontier, search_section, shipcard, speed_half
 from pipelines.present.report_tables import (
     documents_section,
     fits_section,
@@ -82,7 +83,7 @@ def markdown(
     cols: dict[str, list],
     charts: list[str],
     tab: capacity.Table | None = None,
-    swept: frontier.Sweeps | None = None,
+    swept: pricing.Sweeps | None = None,
 ) -> str:
     names = list(cols)
     lines = [
@@ -169,15 +170,17 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     figures = dict(quality)
     if any(result_of(card.name, p, Served) for p in card.precisions):
         figures["latency_vs_users.png"] = charts.latency_against_users(card, _how_served(card))
-    if swept := frontier.sweeps(card):
+    if swept := pricing.sweeps(card):
         figures[frontier.CHART] = frontier.figure(card, swept, _how_served(card))
     if any(result_of(card.name, p, Benched) for p in card.precisions):
         figures["speed_vs_batch.png"] = charts.speed_against_batch(card, _how_bench(card))
         figures["memory.png"] = charts.memory(card, decision)
     for task in dict.fromkeys(t for b in decision.builds for t in b.generation):
         figures[f"agreement_{task}.png"] = charts.agreement(card, decision, task)
+    per_build = {p: [frontier.CHART] for p in swept} if swept else {}
     if card.search and (ranked := result_of(card.name, card.search.target, Ranked)):
-        figures["sensitivity.png"] = search_section.figure(ranked)
+        figures[search_section.CHART] = search_section.figure(ranked)
+        per_build.setdefault(card.search.target, []).append(search_section.CHART)
     if tab := capacity.table(card, decision):  # once: the section, the chart, the MLflow table, the ship card
         how = f"{tab.load}, scenario {tab.scenario}: the capacity and cost table's priced cells"
         if points := _cost_points(tab):
@@ -191,7 +194,7 @@ def report(card: ModelCard, decision: Decision, tracker: Tracker) -> list[Path]:
     if shipped:
         atomic_write(out / SHIP_CARD, shipped)
     more = [out / SHIP_CARD] if shipped else []
-    return _publish(out, figures, text, tables, tracker, more, swept)
+    return _publish(out, figures, text, tables, tracker, more, per_build)
 
 
 def _cost_points(tab: capacity.Table) -> list[tuple[str, str, float, bool]]:
@@ -220,19 +223,19 @@ def _publish(
     tables: dict,
     tracker: Tracker,
     more: list[Path] | None = None,
-    frontier_builds: Iterable[str] = (),
+    per_build: dict[str, list[str]] | None = None,
 ) -> list[Path]:
-    """The charts and report.md (and `more` files written) in `out`, logged to the model's summary run; the
-    files written."""
+    """The charts and report.md (and `more` files written) in `out`, logged to the model's summary run, and the
+    charts `per_build` names on each build's run too (beside MLflow's own charts of its figures); the files
+    written."""
     for name, fig in figures.items():
         _save_fig(fig, out / name)
     charts.close(figures.values())
     md = out / "report.md"
     atomic_write(md, text)
     written = [out / name for name in figures] + [md, *(more or [])]
-    # the frontier chart on each swept build's run too, beside its latency against users (MLflow's own charts)
-    frontier_chart = [out / frontier.CHART] if frontier.CHART in figures else []
-    tracker.log_report(tables, written, dict.fromkeys(frontier_builds, frontier_chart) if frontier_chart else None)
+    own = {p: [out / n for n in names if n in figures] for p, names in (per_build or {}).items()}
+    tracker.log_report(tables, written, {p: paths for p, paths in own.items() if paths} or None)
     return written
 
 
@@ -251,10 +254,11 @@ def speed_report(card: ModelCard, reason: str, tracker: Tracker) -> list[Path]:
     lines = speed_half.section(card, reason) or [f"# {card.name}", "", f"**Nothing ships:** {reason}."]
     tab = capacity.table(card)
     lines += capacity.section(card, tab)
-    swept = frontier.sweeps(card)
+    swept = pricing.sweeps(card)
     lines += frontier.section(card, swept)
     if swept:
         figures[frontier.CHART] = frontier.figure(card, swept, speed_half.how(shaped) if shaped else "")
     lines += ["", *(f"![{n}]({n})" for n in figures), ""]
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    return _publish(out, figures, "\n".join(lines), _capacity_table(tab, now), tracker, None, swept)
+    per_build = {p: [frontier.CHART] for p in swept}
+    return _publish(out, figures, "\n".join(lines), _capacity_table(tab, now), tracker, None, per_build)

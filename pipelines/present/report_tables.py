@@ -12,10 +12,10 @@ from eval.devices.sizing import Fit
 from eval.quality.sequential import betting_floor
 from eval.quality.stats import Verdict
 from pipelines.core.card.cards import ModelCard
+from pipelines.core.store import formats
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import Served, Sized
 from pipelines.core.store.verdicts import Decision
-from pipelines.present import formats
 
 
 def table(card: ModelCard, decision: Decision) -> dict[str, list]:

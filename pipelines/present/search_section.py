@@ -4,9 +4,11 @@ the frontier (predicted before it was built, measured after), the mix chosen or 
 from __future__ import annotations
 
 from pipelines.core.card.cards import ModelCard
-from pipelines.core.store.ranked import Ranked
+from pipelines.core.store.results.ranked import Ranked
 from pipelines.core.store.searches import Searched, Tried, current
 from pipelines.present import charts
+
+CHART = "sensitivity.png"
 
 
 def section(card: ModelCard) -> list[str]:

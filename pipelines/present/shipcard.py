@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import eval.load.serving as serving
 from pipelines.core.card.cards import ModelCard
+from pipelines.core.store import formats
 from pipelines.core.store.manifests import finished, result_of
-from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import AtShape, Quantized, Served
+from pipelines.core.store.results.ranked import Ranked
 from pipelines.core.store.verdicts import BuildVerdict, Decision
-from pipelines.present import capacity, formats
+from pipelines.present import capacity
 from pipelines.present.report_tables import STOP_TEXT, users_range
 from quant.precisions import get_precision, kv_cache_dtype
 

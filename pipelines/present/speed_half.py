@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from eval.load.speedup import speedup_intervals, speedups
 from pipelines.core.card.cards import ModelCard
+from pipelines.core.store import formats
 from pipelines.core.store.manifests import result_of
 from pipelines.core.store.results import AtShape, ScenarioSweep, Sized
-from pipelines.present import formats
 from pipelines.present.report_tables import fits_section
 
 

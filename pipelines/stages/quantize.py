@@ -26,8 +26,8 @@ from pipelines.core.framework.weights import (
 )
 from pipelines.core.store.layout import CHECKPOINT_DIR, STAGE_LOG, stage_dir
 from pipelines.core.store.manifests import StageRecord, finished
-from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import Quantized
+from pipelines.core.store.results.ranked import Ranked
 from pipelines.core.system.child import run_child
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError

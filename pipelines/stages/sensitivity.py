@@ -5,8 +5,8 @@ On the card's baseline weights and calibration text: each format-sharing layer g
 precision's weight scheme, round to nearest, its mean KL divergence from the baseline's next-token distribution;
 the ranking's own check (its most sensitive half quantized at once against its least); then, for every number k
 of the most sensitive groups kept at the fallback precision, the divergence of that mix and its projected
-weight bytes. Kept in the precision's build folder (artifacts/<model>/<precision>/sensitivity/), logged to its
-MLflow run as a table and a chart.
+weight bytes. Kept in the precision's build folder (artifacts/<model>/<precision>/sensitivity/) and logged to its
+MLflow run as a table; the report draws it (`sensitivity.png`, on the summary run and the precision's own).
 
 On a GPU the work runs there, in a child process (CUDA in qeval's own process would hold GPU memory for as long as
 it runs); on a CPU in this one. Its memory is bounded before it starts: the baseline's logits for every calibration
@@ -37,11 +37,10 @@ from pipelines.core.framework.weights import (
 )
 from pipelines.core.store.layout import STAGE_LOG
 from pipelines.core.store.manifests import StageRecord
-from pipelines.core.store.ranked import Candidate, Ranked, RankedGroup
+from pipelines.core.store.results.ranked import Candidate, Ranked, RankedGroup
 from pipelines.core.system.child import run_child
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
-from pipelines.present import charts, search_section
 from quant import calibration
 from quant.calibration import CalibrationSpec
 from quant.execution import compute_dtype
@@ -51,7 +50,6 @@ from quant.sensitivity import baseline_logits, frontier, halves, layer_groups, p
 log = logging.getLogger(__name__)
 
 TABLE = "sensitivity.json"
-CHART = "sensitivity.png"
 
 
 def sensitivity(
@@ -190,9 +188,6 @@ def measure(job: SensitivityJob, out: Path) -> Ranked:
         ],
     )
     (out / TABLE).write_text(json.dumps(result.model_dump(mode="json"), indent=1) + "\n")
-    fig = search_section.figure(result)
-    fig.savefig(out / CHART, dpi=110)
-    charts.close([fig])
     return result
 
 

@@ -1,5 +1,5 @@
 """The pure functions that turn typed results into MLflow names: what a stage's result logs to its build's
-run (by the tables of tables.py), and the gate's verdicts, tags and policy.
+run (as its type declares it, its `LOGS`), and the gate's verdicts, tags and policy (by the tables of tables.py).
 
 No MLflow import: pipelines/tracking/mlflow_tracker.py writes what these return to the store, and
 tests/memory_tracker.py keeps the same in memory.
@@ -8,27 +8,17 @@ tests/memory_tracker.py keeps the same in memory.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
 
 from eval.quality.stats import Verdict
+from pipelines.core.store import formats
 from pipelines.core.store.manifests import CodeVersion
-from pipelines.core.store.ranked import Ranked
-from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
+from pipelines.core.store.results import StageResult
+from pipelines.core.store.results.logs import Logged, Logs, finite, numbers, settings, texts
 from pipelines.core.store.verdicts import BuildVerdict, Decision, Measured
-from pipelines.present import formats
 from pipelines.tracking.names import (
-    EVAL_DOCUMENTS,
-    EVAL_METRIC,
-    EVAL_STDERR,
     GATE_PARAM,
     MAX_TAG,
-    RECOVERY_METRIC,
-    SERVED_DIFF,
-    SERVED_METRIC,
-    SIZE_GPU_METRIC,
     TAG_CHOSEN,
     TAG_COMMIT,
     TAG_DESCRIPTION,
@@ -43,192 +33,38 @@ from pipelines.tracking.names import (
     TAG_STAGE,
     TAG_VERDICT,
 )
-from pipelines.tracking.tables import (
-    BENCH_METRICS,
-    BENCH_PARAMS,
-    BENCH_SERIES,
-    ENGINE_SETTINGS,
-    EVAL_PARAMS,
-    EVAL_SETTINGS,
-    GATE_FLIPS,
-    GATE_GENERATION,
-    GATE_METRICS,
-    GATE_TASK,
-    LOAD_SETTINGS,
-    QUANTIZE_METRICS,
-    QUANTIZE_PARAMS,
-    QUANTIZE_SETTINGS,
-    SENSITIVITY_METRICS,
-    SENSITIVITY_PARAMS,
-    SERVE_METRICS,
-    SERVE_PARAMS,
-    SERVE_SERIES,
-    SHAPE_LOAD_SETTINGS,
-    SHAPE_METRICS,
-    SHAPE_PARAMS,
-    SHAPE_SCENARIO,
-    SHAPE_SCENARIO_METRICS,
-    SHAPE_SCENARIO_PARAMS,
-    SHAPE_SERIES,
-    SHAPE_VLLM_SETTINGS,
-    SIZE_GPU_FIGURES,
-    SIZE_METRICS,
-    SIZE_PARAMS,
-    VERIFY_SETTINGS,
-    VLLM_SETTINGS,
-    Getter,
-)
-
-
-@dataclass
-class Logged:
-    """What one stage writes to its build's run."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    """Metrics over a step (batch size, concurrency): name -> [(step, value), ...]."""
-    params: dict[str, str] = field(default_factory=dict)
-    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)
-
-
-def _numbers(table: Mapping[str, Getter], obj: Any) -> dict[str, float]:
-    values = {name: get(obj) for name, get in table.items()}
-    return {k: float(v) for k, v in values.items() if v is not None and not isinstance(v, str)}
-
-
-def _params(table: Mapping[str, Getter], obj: Any) -> dict[str, str]:
-    values = {name: get(obj) for name, get in table.items()}
-    return {k: _text(v) for k, v in values.items() if v is not None}
-
-
-def _settings(config: Any, table: Mapping[str, str]) -> dict[str, str]:
-    return {param: _text(getattr(config, name)) for name, param in table.items()} if config is not None else {}
-
-
-def _finite(values: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in values.items() if math.isfinite(v)}
-
-
-def _quantized(result: Quantized) -> Logged:
-    params = _settings(result.config, QUANTIZE_SETTINGS) | _settings(result.verify, VERIFY_SETTINGS)
-    return Logged(_numbers(QUANTIZE_METRICS, result), params=params | _params(QUANTIZE_PARAMS, result))
-
-
-def _evaluated(result: Evaluated) -> Logged:
-    metrics = {}
-    for task, scores in result.accuracy.scores.items():
-        for m in scores:
-            metrics[EVAL_METRIC.format(task=task, metric=m.id)] = m.value
-            if m.stderr is not None:
-                suffix = "" if m.filter == "none" else f"/{m.filter}"
-                metrics[EVAL_STDERR.format(task=task, name=m.name, filter=suffix)] = m.stderr
-    for task, values in (result.recovery or {}).items():
-        metrics |= {RECOVERY_METRIC.format(task=task, metric=k): v for k, v in values.items()}
-    metrics |= {EVAL_DOCUMENTS.format(task=task): n for task, n in result.accuracy.n_samples.items()}
-    params = _settings(result.config, EVAL_SETTINGS) | _params(EVAL_PARAMS, result)
-    return Logged(_finite(metrics), params=params, datasets=result.accuracy.datasets)
-
-
-def _benched(result: Benched) -> Logged:
-    points = result.main_points()
-    series = {n: [(p.batch, v) for p in points if (v := get(p)) is not None] for n, get in BENCH_SERIES.items()}
-    params = _settings(result.config, ENGINE_SETTINGS) | _params(BENCH_PARAMS, result)
-    return Logged(_numbers(BENCH_METRICS, result), series, params)
-
-
-def _at_shape(result: AtShape) -> Logged:
-    """Random weights' figures, under shape/*, per scenario under shape/<scenario>/."""
-    metrics, series = _numbers(SHAPE_METRICS, result), {}
-    params = _settings(result.vllm, SHAPE_VLLM_SETTINGS) | _params(SHAPE_PARAMS, result)
-    for name, sweep in result.scenarios.items():
-        prefix = SHAPE_SCENARIO.format(scenario=name)
-        metrics |= {prefix + k: v for k, v in _numbers(SHAPE_SCENARIO_METRICS, sweep).items()}
-        levels = sweep.per_level.items()
-        series |= {
-            prefix + n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None]
-            for n, get in SHAPE_SERIES.items()
-        }
-        each = _settings(sweep.load, SHAPE_LOAD_SETTINGS) | _params(SHAPE_SCENARIO_PARAMS, sweep)
-        params |= {k.format(scenario=name): v for k, v in each.items()}
-    return Logged(_finite(metrics), series, params)
-
-
-def _served_stage(result: Served) -> Logged:
-    levels = result.per_level.items()
-    series = {n: [(c, float(v)) for c, m in levels if (v := get(m)) is not None] for n, get in SERVE_SERIES.items()}
-    params = _settings(result.load, LOAD_SETTINGS) | _settings(result.vllm, VLLM_SETTINGS)
-    return Logged(
-        _numbers(SERVE_METRICS, result) | _served(result),
-        series,
-        params | _params(SERVE_PARAMS, result),
-        tags={TAG_NOT_RUN.format(stage=Served.STAGE): result.not_run[:MAX_TAG]} if result.not_run else {},
-    )
-
-
-def _sized(result: Sized) -> Logged:
-    metrics = _numbers(SIZE_METRICS, result)
-    for f in result.fits:
-        metrics |= {SIZE_GPU_METRIC.format(gpu=f.gpu, figure=k): float(get(f)) for k, get in SIZE_GPU_FIGURES.items()}
-    return Logged(metrics, params=_params(SIZE_PARAMS, result))
-
-
-def _ranked(result: Ranked) -> Logged:
-    series = {
-        "sensitivity/kl_by_rank": [(i, g.kl) for i, g in enumerate(result.ranked)],
-        "search/predicted_kl": [(c.kept, c.predicted_kl) for c in result.frontier],
-        "search/projected_weights_gb": [(c.kept, c.weight_bytes / 1e9) for c in result.frontier],
-    }
-    return Logged(_numbers(SENSITIVITY_METRICS, result), series, _params(SENSITIVITY_PARAMS, result))
-
-
-MAPPINGS: dict[type[StageResult], Callable[[Any], Logged]] = {
-    Ranked: _ranked,
-    Quantized: _quantized,
-    Evaluated: _evaluated,
-    Benched: _benched,
-    AtShape: _at_shape,
-    Served: _served_stage,
-    Sized: _sized,
-}
-"""How each stage's result type logs to its build's run: a stage whose result has no entry here fails
-tests/test_tracking.py (every result type the stage registry names must have one)."""
+from pipelines.tracking.tables import GATE_FLIPS, GATE_GENERATION, GATE_METRICS, GATE_TASK
 
 
 def logged(result: StageResult) -> Logged:
-    """The metrics, series, params and data sets a stage's result logs to its build's run."""
-    mapping = MAPPINGS.get(type(result))
-    if mapping is None:
-        raise TypeError(f"no MLflow mapping for {type(result).__name__}: add one to MAPPINGS")
-    return mapping(result)
-
-
-def _served(result: Served) -> dict[str, float]:
-    """The build's scores through its server, and their paired difference from the offline ones."""
-    if result.accuracy is None:
-        return {}
-    metrics = {
-        SERVED_METRIC.format(task=task, metric=m.id): m.value
-        for task, scores in result.accuracy.accuracy.scores.items()
-        for m in scores
-    }
-    for task, c in result.accuracy.vs_offline.items():
-        for bound, value in zip(("", "_lower", "_upper"), c.difference, strict=True):
-            metrics[SERVED_DIFF.format(task=task, metric=c.metric, bound=bound)] = value
-    return _finite(metrics)
+    """The metrics, series, params, data sets and tags a stage's result logs to its build's run, as its type
+    declares them (its `LOGS`, pipelines/core/store/results/logs.py)."""
+    logs: Logs | None = getattr(type(result), "LOGS", None)
+    if logs is None:
+        raise TypeError(f"no MLflow declaration for {type(result).__name__}: give it LOGS (a Logs) beside its fields")
+    params = {}
+    for s in logs.settings:
+        params |= settings(s.config(result), s.params)
+    series = {}
+    if logs.points is not None:
+        points = list(logs.points(result))
+        series = {
+            name: [(step, float(v)) for step, point in points if (v := get(point)) is not None]
+            for name, get in logs.series.items()
+        }
+    out = Logged(finite(numbers(logs.metrics, result)), series, params | texts(logs.params, result))
+    if logs.more is not None:
+        out = out.update(logs.more(result))
+    if logs.not_run is not None and (why := logs.not_run(result)):
+        out.tags[TAG_NOT_RUN.format(stage=result.STAGE)] = why[:MAX_TAG]
+    return out
 
 
 def verdict_metrics(build: BuildVerdict) -> dict[str, float]:
     """A build's headline figures under the gate (`gate/*`), for the runs table: four significant digits,
     which is what a table cell shows whole (gate.json and the `eval/*` metrics keep every digit)."""
-    figures = _numbers(GATE_METRICS, build) | generation_metrics(build)
-    return {k: float(f"{v:.4g}") for k, v in _finite(figures).items()}
+    figures = numbers(GATE_METRICS, build) | generation_metrics(build)
+    return {k: float(f"{v:.4g}") for k, v in finite(figures).items()}
 
 
 def generation_metrics(build: BuildVerdict) -> dict[str, float]:
@@ -237,9 +73,9 @@ def generation_metrics(build: BuildVerdict) -> dict[str, float]:
     of answers that differ from the baseline's, with its interval."""
     out: dict[str, float] = {}
     for task, g in build.generation.items():
-        out |= {GATE_TASK.format(task=task) + k: v for k, v in _numbers(GATE_GENERATION, g).items()}
+        out |= {GATE_TASK.format(task=task) + k: v for k, v in numbers(GATE_GENERATION, g).items()}
     for task, f in build.flips.items():
-        out |= {GATE_TASK.format(task=task) + k: v for k, v in _numbers(GATE_FLIPS, f).items()}
+        out |= {GATE_TASK.format(task=task) + k: v for k, v in numbers(GATE_FLIPS, f).items()}
     return out
 
 

@@ -1,6 +1,6 @@
-"""Every MLflow name qeval writes that is not a table of a stage's figures: experiment, runs, tags,
-params of the UI, metric templates, the registry alias. pipelines/tracking/mapping.py holds the tables of
-figures (name -> how a typed result gives it) and NAMES, the whole list docs/mlflow.md ("MLflow layout") gives.
+"""Every MLflow name qeval writes that is not a stage's figure: experiment, runs, tags, params of the UI, the
+gate's, the registry alias. A stage's figures are declared beside its result type (pipelines/core/store/results/,
+its `LOGS`); pipelines/tracking/tables.py lists them all (`names()`, what docs/mlflow.md's "MLflow layout" gives).
 
 One experiment per model (`qeval/<model>`), one run per build (`<model>@<precision>`); each stage adds
 its metrics, params and artifacts to that run and sets the tag `qeval.stage.<stage>` to `done` or
@@ -35,15 +35,6 @@ SHIP_CARD = "ship/README.md"  # the shipped build's card, on its run (also the r
 MAX_DESCRIPTION = 5000
 MAX_TAG = 5000  # MLflow's limit on a tag value is 8000 characters; keep errors well inside it.
 
-EVAL_METRIC = "eval/{task}/{metric}"
-EVAL_STDERR = "eval/{task}/{name}_stderr{filter}"
-EVAL_DOCUMENTS = (
-    "eval/{task}/documents"  # scored: a task in rounds (eval/quality/rounds.py) stops when its verdict is known
-)
-RECOVERY_METRIC = "recovery/{task}/{metric}"
-SERVED_METRIC = "served/{task}/{metric}"  # lm-eval through the build's server
-SERVED_DIFF = "served_vs_offline/{task}/{metric}{bound}"  # served - offline, paired; bound: "", _lower, _upper
-SIZE_GPU_METRIC = "size/{gpu}/{figure}"
 GATE_PARAM = "gate.{key}"  # the summary run: one per policy key
 
 # the gate's headline figures on every build's run, which the runs page's saved view shows (view.py)

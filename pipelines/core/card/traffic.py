@@ -5,7 +5,7 @@ latency (eval/load/capacity.py); optionally the dollars per hour of one device o
 list: prices go stale and differ by contract, and without them the tables show device-hours); and the share
 of a device's peak bandwidth a projection assumes where nothing was measured on it; and optionally the output
 speed each user is to get, at which every build is priced on the frontier its sweep traced
-(pipelines/present/frontier.py).
+(pipelines/decision/pricing.py).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pipelines.core.store.layout import stage_dir
 from pipelines.core.store.manifests import finished, not_as_left
-from pipelines.core.store.ranked import Ranked
 from pipelines.core.store.results import AtShape, Benched, Evaluated, Quantized, Served, Sized, StageResult
+from pipelines.core.store.results.ranked import Ranked
 from pipelines.core.system.errors import QevalError
 from quant.lookup import lookup
 
@@ -46,15 +46,16 @@ class StageSpec:
     """`module:function` that runs it: (card, precision, tracker, *, force, ...) -> StageRecord; by default
     the function of its name in pipelines/stages/ of its name."""
     command: str = ""
-    """The qeval command that runs it for one build (`qeval <command> --model M --precision P`); its name."""
+    """The qeval command that runs it for one build (`qeval <command> --model M --precision P`); by default
+    `stage <name>` (pipelines/cli_stages.py runs every registered stage by its name)."""
     make_target: str = ""
-    """Its Make target; its name."""
+    """Its Make target; by default `stage` (`make stage STAGE=<name>`)."""
 
     def __post_init__(self) -> None:
         defaults = {
             "function": f"pipelines.stages.{self.name}:{self.name}",
-            "command": self.name,
-            "make_target": self.name,
+            "command": f"stage {self.name}",
+            "make_target": "stage",
         }
         for field, default in defaults.items():
             if not getattr(self, field):
@@ -70,23 +71,31 @@ class StageSpec:
         return getattr(importlib.import_module(module), name)
 
 
+# The stages of the first release have commands of their own, with their options (pipelines/cli.py), and Make
+# targets of their own; `qeval stage <name>` runs any of them too.
 STAGES: dict[str, StageSpec] = {
     s.name: s
     for s in (
         StageSpec(
             name="quantize",
+            command="quantize",
+            make_target="quantize",
             result=Quantized,
             needs_baseline=False,
             judged=False,
         ),
         StageSpec(
             name="evaluate",
+            command="evaluate",
+            make_target="evaluate",
             result=Evaluated,
             needs_baseline=True,
             judged=True,
         ),
         StageSpec(
             name="bench",
+            command="bench",
+            make_target="bench",
             result=Benched,
             needs_baseline=True,
             judged=True,
@@ -94,6 +103,8 @@ STAGES: dict[str, StageSpec] = {
         # random weights at the model's shape: what runs where the weights do not, never beside them
         StageSpec(
             name="shape",
+            command="shape",
+            make_target="shape",
             result=AtShape,
             needs_baseline=False,
             judged=True,
@@ -104,12 +115,15 @@ STAGES: dict[str, StageSpec] = {
             name="size",
             result=Sized,
             command="size --log",
+            make_target="size",
             needs_baseline=False,
             judged=True,
             needs_weights=False,
         ),
         StageSpec(
             name="serve",
+            command="serve",
+            make_target="serve",
             result=Served,
             needs_baseline=False,
             judged=True,
@@ -117,6 +131,8 @@ STAGES: dict[str, StageSpec] = {
         # a precision's layer groups ranked for the mixed-precision search, which runs it after the builds' stages
         StageSpec(
             name="sensitivity",
+            command="sensitivity",
+            make_target="sensitivity",
             result=Ranked,
             needs_baseline=False,
             judged=False,

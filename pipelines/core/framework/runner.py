@@ -1,6 +1,6 @@
 """The stage framework: cached, atomic, tracked units of work per build.
 
-A stage's work returns its typed result (pipelines/core/store/results.py), which goes into
+A stage's work returns its typed result (pipelines/core/store/results/), which goes into
 artifacts/<model>/<precision>/<stage>/manifest.json beside the stage's files. The stage is skipped when its
 inputs digest matches a finished manifest: its inputs (settings, and digests of the files it reads) and its
 code (pipelines/core/framework/code.py: the stage module and every first-party module it imports). Work happens in a

@@ -1,4 +1,4 @@
-"""The manifest that holds a stage's typed result (pipelines/core/store/results.py) beside the stage's files, and
+"""The manifest that holds a stage's typed result (pipelines/core/store/results/) beside the stage's files, and
 how a stage is read back: finished() and result_of() here, or require() (pipelines/core/framework/registry.py).
 """
 

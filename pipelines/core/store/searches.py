@@ -6,8 +6,8 @@ from __future__ import annotations
 from pydantic import Field, ValidationError
 
 from eval.quality.stats import Verdict
-from pipelines.core.store.ranked import Candidate
 from pipelines.core.store.results import Record
+from pipelines.core.store.results.ranked import Candidate
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.files import atomic_write
 from pipelines.core.system.paths import artifacts_dir

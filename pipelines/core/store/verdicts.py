@@ -36,7 +36,7 @@ class Rule:
 @dataclass(frozen=True)
 class CostFigure:
     """A build's capacity and cost for the card's traffic on the device the gate judges cost on
-    (pipelines/present/capacity.py); usd_per_mtok None where there is no price or it cannot serve (`why`)."""
+    (pipelines/decision/pricing.py); usd_per_mtok None where there is no price or it cannot serve (`why`)."""
 
     device: str
     measured: bool  # False: projected
@@ -51,7 +51,7 @@ class CostFigure:
     usd_per_mtok_range: tuple[float | None, float | None] | None = None
     at_most: str | None = None  # no level missed: the users a lower bound, the devices and $ upper bounds; why
     # at the card's per-user speed (`traffic.user_tps`), on the build's throughput-interactivity frontier
-    # (pipelines/present/frontier.py): $ per million output tokens at one instance's throughput there, and its
+    # (pipelines/decision/pricing.py): $ per million output tokens at one instance's throughput there, and its
     # interval's ends (cheap, dear); what the gate judges wherever the card states that speed
     user_tps: float | None = None
     at_speed: tuple[float, float | None, float | None] | None = None

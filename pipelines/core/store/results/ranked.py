@@ -7,7 +7,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from pipelines.core.store.results import Record, StageResult
+from pipelines.core.store.results.base import Record, StageResult
+from pipelines.core.store.results.logs import Getter, Logged, Logs
 
 
 class RankedGroup(Record):
@@ -29,10 +30,38 @@ class Candidate(Record):
     predicted_kl: float = Field(description="KL divergence with its layers quantized to nearest, nats per token")
 
 
+METRICS: dict[str, Getter] = {  # on its target's run
+    "sensitivity/top_half_kl": lambda r: r.top_half_kl,
+    "sensitivity/bottom_half_kl": lambda r: r.bottom_half_kl,
+    "sensitivity/tokens": lambda r: r.tokens,
+}
+PARAMS: dict[str, Getter] = {
+    "sensitivity.fallback": lambda r: r.fallback,
+    "sensitivity.ranking": lambda r: [g.group for g in r.ranked][:40],
+}
+SERIES = {  # name -> its step: the rank of a group (0: the most sensitive), or the groups a mix keeps
+    "sensitivity/kl_by_rank": "rank",
+    "search/predicted_kl": "kept",
+    "search/projected_weights_gb": "kept",
+}
+
+
+def _series(result: Ranked) -> Logged:
+    kl, predicted, projected = SERIES
+    return Logged(
+        series={
+            kl: [(i, g.kl) for i, g in enumerate(result.ranked)],
+            predicted: [(c.kept, c.predicted_kl) for c in result.frontier],
+            projected: [(c.kept, c.weight_bytes / 1e9) for c in result.frontier],
+        }
+    )
+
+
 class Ranked(StageResult):
     """The layer groups of a precision's build ranked by sensitivity, and the frontier of mixed builds."""
 
     STAGE: ClassVar[str] = "sensitivity"
+    LOGS: ClassVar[Logs] = Logs(metrics=METRICS, params=PARAMS, more=_series, templates={"series": SERIES})
 
     precision: str = Field(description="the precision most layers go to")
     fallback: str = Field(description="the one the most sensitive groups keep")
