@@ -238,12 +238,12 @@ def _qeval(team: dict, workdir: Path, cards: Path, *args: str, timeout: int = 90
 
 
 def _start(folder: Path) -> lanes.Work:
-    """The team's servers and the test's commands and checks, beside the other tests (tests/lanes.py): each is
-    a process of its own, which the thread waits on."""
+    """The team's servers and the test's commands, beside the other tests (tests/lanes.py): each is a process of
+    its own, which the thread waits on; what they left is the lane's value."""
 
-    def work() -> None:
+    def work() -> dict:
         with _team(folder) as team:
-            _two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team)
+            return _two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team)
 
     return lanes.work(folder, work, timeout_s=1800)
 
@@ -254,62 +254,30 @@ if WHY_NOT is None:
 
 @pytest.fixture
 def team_run(request, tmp_path_factory) -> Callable[[], object]:
-    """Waits for the lane (started when the session's builds were measured) and raises what its checks raised."""
+    """Waits for the lane (started when the session's builds were measured): (its folder, what its commands left),
+    or what it raised."""
     return lambda: lanes.ended(request, tmp_path_factory, "team_run")
 
 
 def test_two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team_run):
-    team_run()  # below, run beside the other tests
-
-
-def _two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team: dict) -> None:
-    root = team["root"]
-    cards = _card(root / "shared")
-    driver, gater, deploy = root / "driver", root / "gater", root / "deploy"
-
+    _, seen = team_run()  # the team's commands ran beside the other tests (below); what they left is checked here
+    run, gate, pulled, logged = seen["run"], seen["gate"], seen["pulled"], seen["logged"]
     # two builds at once on the cluster, logging to the PostgreSQL-backed server; a third fails at once (its
     # folder on the node cannot be made) and leaves the others alone, which are gated and reported
-    (team["worker"] / "artifacts/ref-small").mkdir(parents=True)
-    (team["worker"] / "artifacts/ref-small/fp8").write_text("not a folder")
-    run = _qeval(
-        team,
-        driver,
-        cards,
-        "run",
-        "--model",
-        "ref-small",
-        "--precision",
-        "int8",
-        "--precision",
-        "fp8",
-        "--skip",
-        "serve",
-        "--ray",
-        team["ray"],
-    )
-    (root / "run.log").write_text(run.stderr)  # kept with the test's folder, to read what the user saw
     assert run.returncode == 2, run.stderr[-4000:]
     assert "1 of 3 builds failed on Ray: ref-small@fp8: cannot write artifacts" in run.stderr
     assert "ref-small@bf16: 4 stages done" in run.stderr and "ref-small@int8: 4 stages done" in run.stderr
-    decided = json.loads((driver / "artifacts/ref-small/gate.json").read_text())
+    decided = seen["decided"]
     assert decided["chosen"] == "int8" and [b["precision"] for b in decided["builds"]] == ["int8"], decided["why"]
-    assert (driver / "reports/ref-small/report.md").is_file()
+    assert seen["report"]
     # each build's stages ran on the Ray node, in its own cache; the two chains overlapped in time
-    spans = {}
-    for p in ("bf16", "int8"):
-        manifests = [
-            json.loads(m.read_text()) for m in (team["worker"] / "artifacts/ref-small" / p).glob("*/manifest.json")
-        ]
-        assert {m["stage"] for m in manifests} == {"quantize", "evaluate", "bench", "size"}
-        starts = [time.mktime(time.strptime(m["started"][:19], "%Y-%m-%dT%H:%M:%S")) for m in manifests]
-        spans[p] = (min(starts), max(s + m["seconds"] for s, m in zip(starts, manifests, strict=True)))
+    assert seen["stages"] == {p: {"quantize", "evaluate", "bench", "size"} for p in ("bf16", "int8")}
+    spans = seen["spans"]
     assert spans["int8"][0] < spans["bf16"][1], spans  # int8 started (quantizing) before the baseline was done
     # the driver has the judged stages it read back from the store, and no checkpoint
-    assert (driver / "artifacts/ref-small/int8/evaluate/manifest.json").is_file()
-    assert not (driver / "artifacts/ref-small/int8/quantize").exists()
+    assert seen["driver"] == {"evaluate": True, "quantize": False}
 
     # another machine, an empty folder, the same server: the same decision
-    gate = _qeval(team, gater, cards, "gate", "--model", "ref-small", "--precision", "int8", "--json", timeout=300)
     assert gate.returncode == 0, gate.stderr[-4000:]
     again = last_json_line(gate.stdout)["gate"]
     assert again["chosen"] == decided["chosen"]
@@ -318,12 +286,58 @@ def _two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team: dict) 
     assert again["registered"]["source"].startswith("mlflow-artifacts:/")  # the server's proxied store
 
     # a deploy job pulls what ships into an empty folder: it loads and is the gated build
-    pulled = _qeval(team, deploy, cards, "pull", "--model", "ref-small", str(deploy / "model"), "--json")
     assert pulled.returncode == 0, pulled.stderr[-2000:]
-    assert same_logits(deploy / "model", team["worker"] / "artifacts/ref-small/int8/quantize/checkpoint")
-    assert (deploy / "model/README.md").read_text().startswith("# ref-small int8: the build qeval ships")
+    assert seen["same_logits"]
+    assert seen["readme"].startswith("# ref-small int8: the build qeval ships")
 
     # the database password is in no output, log, param, tag or artifact of qeval's
+    assert logged.returncode == 0 and "qeval.precision" in logged.stdout, logged.stderr[-2000:]
+    printed = [run.stdout, run.stderr, gate.stdout, gate.stderr, pulled.stdout, pulled.stderr, logged.stdout]
+    assert not [t for t in printed if seen["password"] in t]
+    assert seen["written"] == []
+
+
+def _two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team: dict) -> dict:
+    """The team's commands one after the other (each needs what the last left in the store), and what each left,
+    for the test to check: the run on Ray, a gate from an empty folder, a pull, and the store's params and tags."""
+    root = team["root"]
+    cards = _card(root / "shared")
+    driver, gater, deploy = root / "driver", root / "gater", root / "deploy"
+
+    (team["worker"] / "artifacts/ref-small").mkdir(parents=True)
+    (team["worker"] / "artifacts/ref-small/fp8").write_text("not a folder")
+    precisions = ("--precision", "int8", "--precision", "fp8")
+    run = _qeval(
+        team, driver, cards, "run", "--model", "ref-small", *precisions, "--skip", "serve", "--ray", team["ray"]
+    )
+    (root / "run.log").write_text(run.stderr)  # kept with the test's folder, to read what the user saw
+    decision = driver / "artifacts/ref-small/gate.json"
+    seen = {
+        "run": run,
+        "decided": json.loads(decision.read_text()) if decision.is_file() else {"chosen": None, "why": "no gate.json"},
+        "report": (driver / "reports/ref-small/report.md").is_file(),
+        "driver": {s: (driver / f"artifacts/ref-small/int8/{s}").exists() for s in ("evaluate", "quantize")},
+        "stages": {},
+        "spans": {},
+        "password": team["password"],
+    }
+    for p in ("bf16", "int8"):
+        manifests = [
+            json.loads(m.read_text()) for m in (team["worker"] / "artifacts/ref-small" / p).glob("*/manifest.json")
+        ]
+        seen["stages"][p] = {m["stage"] for m in manifests}
+        starts = [time.mktime(time.strptime(m["started"][:19], "%Y-%m-%dT%H:%M:%S")) for m in manifests]
+        ends = [s + m["seconds"] for s, m in zip(starts, manifests, strict=True)]
+        seen["spans"][p] = (min(starts, default=0), max(ends, default=0))
+
+    seen["gate"] = _qeval(
+        team, gater, cards, "gate", "--model", "ref-small", "--precision", "int8", "--json", timeout=300
+    )
+    seen["pulled"] = _qeval(team, deploy, cards, "pull", "--model", "ref-small", str(deploy / "model"), "--json")
+    built = team["worker"] / "artifacts/ref-small/int8/quantize/checkpoint"
+    seen["same_logits"] = seen["pulled"].returncode == 0 and same_logits(deploy / "model", built)
+    readme = deploy / "model/README.md"
+    seen["readme"] = readme.read_text() if readme.is_file() else ""
     dump = [
         str(VENV_BIN / "python"),
         "-c",
@@ -333,14 +347,11 @@ def _two_builds_on_ray_then_the_gate_from_an_empty_folder_then_pull(team: dict) 
             "for r in c.search_runs([e.experiment_id], run_view_type=3)]))"
         ),
     ]
-    logged = team["ns"].run(dump)
-    assert logged.returncode == 0 and "qeval.precision" in logged.stdout, logged.stderr[-2000:]
-    printed = [run.stdout, run.stderr, gate.stdout, gate.stderr, pulled.stdout, pulled.stderr, logged.stdout]
-    assert not [t for t in printed if team["password"] in t]
-    written = [
+    seen["logged"] = team["ns"].run(dump)
+    seen["written"] = [
         f
         for folder in (team["worker"], driver, gater, deploy, team["store"])
         for f in folder.rglob("*")
         if f.is_file() and team["password"].encode() in f.read_bytes()
     ]
-    assert written == []
+    return seen
