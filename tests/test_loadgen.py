@@ -62,6 +62,9 @@ REPLIES: dict[str, list[str]] = {
 }
 
 
+AUTHORIZATION: list[str | None] = []  # each request's Authorization header, as the server got it
+
+
 def _app():
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -70,6 +73,7 @@ def _app():
 
     async def completions(request: Request):
         body = await request.json()
+        AUTHORIZATION.append(request.headers.get("authorization"))
 
         async def stream():
             for part in REPLIES[body["model"]]:
@@ -153,10 +157,17 @@ def test_tokens_sent_in_one_event_are_a_burst_and_the_level_does_not_meet_the_ob
     assert m.bursts == 2 and not m.meets_slo
 
 
-def test_a_password_in_the_servers_address_is_in_no_record(url):
+def test_a_password_in_the_servers_address_is_in_no_record_and_reaches_the_server(url):
     port = url.rsplit(":", 1)[1]
     records = _one(f"http://user:PASSWORD@127.0.0.1:{int(port) + 1 if int(port) < 65535 else 1}", "whole")
     assert all(not r.ok and r.error for r in records) and not any("PASSWORD" in r.error for r in records), records
+    # where it answers, the server gets the credentials as HTTP basic authentication
+    import base64
+
+    AUTHORIZATION.clear()
+    records = _one(url.replace("http://", "http://user:PASS%40WORD@"), "whole")
+    assert all(r.ok for r in records) and AUTHORIZATION
+    assert set(AUTHORIZATION) == {"Basic " + base64.b64encode(b"user:PASS@WORD").decode()}
 
 
 def test_a_short_reply_is_served_where_the_length_is_not_held(url):

@@ -18,10 +18,10 @@ import asyncio
 import dataclasses
 import json
 import random
-import re
 import time
 from collections.abc import Sequence
 from typing import Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -181,7 +181,6 @@ async def one_request(session, cfg: LoadConfig, prompt: Prompt, concurrency: int
             raise ValueError(f"the server's usage counts {tokens} tokens where its stream carried {counted}")
     except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError, TypeError) as e:
         why = "timeout" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-        why = re.sub(r"//[^/\s@']+@", "//***@", why)  # aiohttp names the URL, with any password in it
         return RequestRecord(concurrency, index, start, time.perf_counter(), False, error=why[:300])
     end = time.perf_counter()
     short = _short(cfg, ended, tokens, counted)
@@ -294,7 +293,13 @@ async def _levels(cfg, prompts, progress, starting, more, then, stalls) -> list[
     # no pool limit: the workers bound the requests in flight, levels past the grid (eval/load/edge.py) included; a
     # limit under a level's users would queue its requests for a connection, a wait the server never caused
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    # credentials in the address go to the session, the address without them to each request: aiohttp names the
+    # URL in its errors, which the records keep
+    parts = urlsplit(cfg.url)
+    auth = aiohttp.BasicAuth(unquote(parts.username), unquote(parts.password or "")) if parts.username else None
+    cfg = cfg.model_copy(update={"url": urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))})
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auth=auth) as session:
         if cfg.warmup:  # one request first (it may load the model), then a round at the highest concurrency
             first = await one_request(session, cfg, prompts[0], 0, 0, cfg.warmup_timeout_s)
             if not first.ok:
