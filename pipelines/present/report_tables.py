@@ -164,7 +164,8 @@ def policy_text(decision: Decision) -> str:
     if g.max_cost_per_mtok is not None:
         parts.append(f"cost: at most ${g.max_cost_per_mtok:g} per million output tokens")
     parts.append(f"prefer {g.prefer} (ties within {g.tie_tolerance:.0%})")
-    parts.append(f"paired bootstrap: {g.bootstrap_resamples} resamples, seed {g.bootstrap_seed}")
+    drawn = "the intervals shown beside the sequences" if g.verdicts == "sequential" else "the verdicts"
+    parts.append(f"paired bootstrap ({drawn}): {g.bootstrap_resamples} resamples, seed {g.bootstrap_seed}")
     if g.stop_scoring != "never":
         parts.append(STOP_TEXT[g.stop_scoring])
     return "; ".join(parts)
