@@ -15,6 +15,7 @@ generator against vLLM's own client").
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import random
@@ -286,6 +287,11 @@ async def _sweep(cfg: LoadConfig, prompts: Sequence[Prompt], progress, starting,
         ticker.cancel()
 
 
+def _basic(user: str, password: str) -> str:
+    """HTTP basic authentication's header value (RFC 7617)."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
 async def _levels(cfg, prompts, progress, starting, more, then, stalls) -> list[RequestRecord]:
     import aiohttp
 
@@ -296,10 +302,12 @@ async def _levels(cfg, prompts, progress, starting, more, then, stalls) -> list[
     # credentials in the address go to the session, the address without them to each request: aiohttp names the
     # URL in its errors, which the records keep
     parts = urlsplit(cfg.url)
-    auth = aiohttp.BasicAuth(unquote(parts.username), unquote(parts.password or "")) if parts.username else None
+    headers = (
+        {"Authorization": _basic(unquote(parts.username), unquote(parts.password or ""))} if parts.username else {}
+    )
     cfg = cfg.model_copy(update={"url": urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))})
     timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auth=auth) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
         if cfg.warmup:  # one request first (it may load the model), then a round at the highest concurrency
             first = await one_request(session, cfg, prompts[0], 0, 0, cfg.warmup_timeout_s)
             if not first.ok:
