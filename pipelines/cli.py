@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from pipelines import cli_search, cli_ship, cli_stages
+from pipelines import cli_kernels, cli_search, cli_ship, cli_stages
 from pipelines.cli_common import (
     ForceOpt,
     JsonOpt,
@@ -355,7 +355,8 @@ def ui(
     serve_ui(host, port, model, out, err)
 
 
-# the model registry's commands, the mixed-precision search's and the stage registry's, in their own modules
+# the model registry's commands, the mixed-precision search's, the stage registry's and the kernel table's, in their
+# own modules
 for _command in (
     cli_ship.pull,
     cli_ship.verify,
@@ -364,5 +365,6 @@ for _command in (
     cli_search.search,
     cli_stages.stages,
     cli_stages.stage,
+    cli_kernels.kernels,
 ):
     app.command()(_command)

@@ -1,45 +1,43 @@
-"""How a build's matrix products run on a device: natively, weight-only, or emulated. One enum, one function.
+"""How a build's matrix products run on a device: natively, weight-only, emulated, or not at all.
 
 Every figure qeval reports says which: the engine bench, the server sweep, sizing's projection per GPU,
 the gate's reasons, the report and its charts all take it from `execution()`, a function of the
-precision (its registry entry, quant/precisions.py), the device, and the kernel the engine reported
-choosing where it reported one.
+precision (its registry entry, quant/precisions.py, names its format), the device (its row of the kernel
+table, quant/kernels.py), and the kernel the engine reported choosing where it reported one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
 from functools import cache
 from pathlib import Path
-from typing import Literal
 
-from quant.precisions import Precision, get_precision
+from quant import kernels
+from quant.kernels import CPU, Device, Execution, Kernel
+from quant.precisions import get_precision
 
-
-class Execution(StrEnum):
-    """How the figures of a build ran."""
-
-    NATIVE = "native"  # the format's own units: FP8 or INT8 tensor cores, a CPU's int8 GEMM, the baseline's 16 bits
-    WEIGHT_ONLY = "weight-only"  # low-bit weights upcast inside the kernel, 16-bit compute (Marlin, CPU WNA16)
-    EMULATED = "emulated"  # dequantized to a wider type before the product: speed says nothing of the format
-    MIXED = "mixed"  # a build whose layers ran in more than one of the above
-    UNKNOWN = "unknown"  # a server qeval did not start, or an engine that reported no kernel for a quantized build
-
+__all__ = ["CPU", "DEQUANTIZED", "Device", "Execution", "Kernel", "execution", "runs", "runs_on"]
 
 DEQUANTIZED = "dequantized"
 """The kernel of an engine that dequantizes every quantized weight to compute (transformers, on any device)."""
+BASELINE = Kernel("", Execution.NATIVE, "the checkpoint's own 16-bit weights")
 
 
-@dataclass(frozen=True)
-class Device:
-    """What runs the products: a CPU, or a CUDA GPU of a compute capability (None: not known)."""
+def runs(
+    precision: str, device: Device, flags: frozenset[str] | None = None, machine: str | None = None
+) -> Kernel | None:
+    """The kernel table's row for `precision` on `device` (a CPU's class from `flags`, else this CPU's); None
+    where the table has no class for the device."""
+    flags = (cpu_flags() if flags is None else flags) if device.kind == "cpu" else frozenset()
+    cls = kernels.device_class(device, flags, machine)
+    return None if cls is None else runs_on(precision, cls)
 
-    kind: Literal["cpu", "cuda"]
-    capability: tuple[int, int] | None = None
 
-
-CPU = Device("cpu")
+def runs_on(precision: str, cls: str) -> Kernel:
+    """The kernel table's row for `precision` on device class `cls`: a mixed build's two formats combined."""
+    p = get_precision(precision)
+    if not p.formats:
+        return BASELINE
+    return kernels.combine([kernels.lookup(f, cls) for f in p.formats])
 
 
 def execution(precision: str, device: Device, kernel: str | None = None) -> Execution:
@@ -47,11 +45,10 @@ def execution(precision: str, device: Device, kernel: str | None = None) -> Exec
 
     - The unquantized baseline runs natively in its own dtype.
     - An engine that dequantizes (`DEQUANTIZED`) emulates every quantized format.
-    - vLLM on a CPU: its `CPU...` kernels (oneDNN int8 GEMM, 4-bit weight-only GEMM) run the format
-      natively; its `Torch...FP8ScaledMM` kernels call `torch._scaled_mm`, which a CPU without AMX-FP8
-      emulates (docs/toolchain.md, "vLLM on a CPU").
-    - On CUDA, a Marlin kernel upcasts low-bit weights inside the kernel (weight-only); otherwise the
-      precision's registry entry decides by compute capability (FP8 native from 8.9, INT8 from 7.5).
+    - vLLM on a CPU: as the kernel it reported runs (kernels.CPU_KERNELS; docs/toolchain.md, "vLLM on a CPU"),
+      unknown where it reported none or one the table does not know.
+    - On CUDA, a Marlin kernel upcasts low-bit weights inside the kernel (weight-only); otherwise the kernel
+      table's row for the compute capability (unknown below 8.0).
     """
     p = get_precision(precision)
     if p.checkpoint_format is None:
@@ -59,27 +56,11 @@ def execution(precision: str, device: Device, kernel: str | None = None) -> Exec
     if kernel == DEQUANTIZED:
         return Execution.EMULATED
     if device.kind == "cpu":
-        if kernel is None:
-            return Execution.UNKNOWN
-        if "FP8" in kernel.upper() and not kernel.startswith("CPU"):
-            return Execution.EMULATED
-        if p.mix is not None:  # each of its kernels runs one of its two formats: the kernel says which
-            return Execution.WEIGHT_ONLY if "WNA16" in kernel.upper() else Execution.NATIVE
-        return Execution.WEIGHT_ONLY if p.activation_bits >= 16 else Execution.NATIVE
+        return kernels.CPU_KERNELS.get(kernel or "", Execution.UNKNOWN)
     if kernel is not None and "marlin" in kernel.lower():
         return Execution.WEIGHT_ONLY
-    if device.capability is None:
-        return Execution.UNKNOWN
-    return _by_capability(p, device.capability)
-
-
-def _by_capability(p: Precision, capability: tuple[int, int]) -> Execution:
-    """The registry's rule: native from `native_from`, weight-only from `weight_only_from`, else emulated."""
-    if p.native_from is not None and capability >= p.native_from:
-        return Execution.NATIVE
-    if p.weight_only_from is not None and capability >= p.weight_only_from:
-        return Execution.WEIGHT_ONLY
-    return Execution.EMULATED
+    row = runs(precision, device)
+    return Execution.UNKNOWN if row is None else row.execution
 
 
 BF16_UNITS = {"avx512_bf16", "amx_bf16", "bf16"}
@@ -115,7 +96,7 @@ def compute_dtype(device: Device, flags: frozenset[str] | None = None) -> str:
 
 
 def compute_units(precision: str, device: Device) -> str:
-    """The units its matrix products use there: its own (fp8, int8) where it runs natively, else bf16."""
+    """The units its matrix products use there: its own (fp4, fp8, int8) where it runs natively, else bf16."""
     p = get_precision(precision)
     return p.compute if execution(precision, device) == Execution.NATIVE else "bf16"
 

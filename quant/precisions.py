@@ -2,10 +2,11 @@
 
 An entry says how the precision is built (its llm-compressor recipe, whether it needs calibration),
 what the saved checkpoint must declare (compressed-tensors format, weight bits), how many bytes a
-quantized weight takes for a group size, and how each GPU generation runs it. The quantize stage,
-the checkpoint proof, sizing and the GPU catalog all read it from here; how a device runs it is
-quant/execution.py's, from the capabilities below. A KV-cache variant (`int8+kv-fp8`, get_precision) is a
-precision's entry with another KV-cache dtype: the same checkpoint, served and sized with its own cache.
+quantized weight takes for a group size, and which formats of the kernel table its layers take. The
+quantize stage, the checkpoint proof, sizing and the GPU catalog all read it from here; which kernel runs
+it on a device is quant/kernels.py's table, and how is quant/execution.py's. A KV-cache variant (`int8+kv-fp8`,
+get_precision) is a precision's entry with another KV-cache dtype: the same checkpoint, served and sized with its
+own cache.
 """
 
 from __future__ import annotations
@@ -15,15 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from quant import recipes
+from quant import kernels, recipes
 from quant.lookup import lookup
-
-Capability = tuple[int, int]
-# NVIDIA compute capabilities: FP8 tensor cores from Ada and Hopper (8.9), INT8 tensor cores from Turing
-# (7.5); Marlin's mixed-precision kernels (low-bit weights upcast to 16 bits in the kernel) from Ampere (8.0).
-FP8_TENSOR_CORES: Capability = (8, 9)
-INT8_TENSOR_CORES: Capability = (7, 5)
-MARLIN: Capability = (8, 0)
 
 
 @dataclass(frozen=True)
@@ -54,18 +48,20 @@ class Precision:
     """Weights share one scale per group of input channels (else one per output channel)."""
     zero_point: bool = False
     """Asymmetric: a zero point per group besides the scale."""
-    compute: Literal["bf16", "fp8", "int8"] = "bf16"
-    """The matrix units its products use where it runs natively."""
-    native_from: Capability | None = (0, 0)
-    """Compute capability from which it runs natively on its own units (None: never, e.g. no 4-bit units)."""
-    weight_only_from: Capability | None = None
-    """Below native_from, from which capability it runs weight-only (weights upcast in the kernel)."""
+    formats: tuple[str, ...] = ()
+    """The kernel table's formats its layers take (quant/kernels.py; a mixed build's two; none: the baseline)."""
     kv_cache: Literal["auto", "fp8"] = "auto"
     """The KV cache's dtype it is served with (auto: the card's `server.kv_cache_dtype`)."""
     shares: str | None = None
     """A KV-cache variant serves this precision's checkpoint: it builds nothing of its own."""
     mix: Mix | None = None
     """A mixed build: most layers at one precision, the most sensitive groups at another (MIX_FORM)."""
+
+    @property
+    def compute(self) -> str:
+        """The matrix units its products use where it runs natively: its first format's (kernels.COMPUTE), else
+        16-bit."""
+        return kernels.COMPUTE.get(self.formats[0], "bf16") if self.formats else "bf16"
 
     def describe(self, group_size: int) -> str:
         return self.summary.format(group=group_size)
@@ -96,9 +92,7 @@ PRECISIONS: dict[str, Precision] = {
         needs_calibration=False,
         recipe=recipes.fp8,
         checkpoint_format="float-quantized",
-        compute="fp8",
-        native_from=FP8_TENSOR_CORES,
-        weight_only_from=MARLIN,
+        formats=("fp8",),
     ),
     "int8": Precision(
         "int8",
@@ -108,8 +102,7 @@ PRECISIONS: dict[str, Precision] = {
         needs_calibration=True,
         recipe=recipes.int8,
         checkpoint_format="int-quantized",
-        compute="int8",
-        native_from=INT8_TENSOR_CORES,
+        formats=("int8",),
     ),
     "awq": Precision(
         "awq",
@@ -121,8 +114,7 @@ PRECISIONS: dict[str, Precision] = {
         checkpoint_format="pack-quantized",
         grouped=True,
         zero_point=True,
-        native_from=None,
-        weight_only_from=MARLIN,
+        formats=("w4a16",),
     ),
     "gptq": Precision(
         "gptq",
@@ -133,8 +125,7 @@ PRECISIONS: dict[str, Precision] = {
         recipe=recipes.gptq,
         checkpoint_format="pack-quantized",
         grouped=True,
-        native_from=None,
-        weight_only_from=MARLIN,
+        formats=("w4a16",),
     ),
 }
 
@@ -179,20 +170,15 @@ def _mixed(name: str, target: str, fallback: str, kept: int) -> Precision:
         raise ValueError(f"a mixed build's layers go to one of {', '.join(MIX_TARGETS)}, not '{target}'")
     if f.weight_bits <= t.weight_bits:
         raise ValueError(f"{name}: the layers kept back go to a wider format than {target}'s, not {fallback}")
-    formats = {t.checkpoint_format, f.checkpoint_format} - {None}
-
-    def later(a: Capability | None, b: Capability | None) -> Capability | None:
-        return None if a is None or b is None else max(a, b)
-
+    stored = {t.checkpoint_format, f.checkpoint_format} - {None}
     return replace(
         t,
         name=name,
         summary=f"{t.summary}; its {kept} most sensitive layer groups at {fallback}",
         needs_calibration=t.needs_calibration or f.needs_calibration,
         recipe=lambda opts: recipes.mixed(t.recipe, f.recipe, opts),
-        checkpoint_format="mixed-precision" if len(formats) > 1 else t.checkpoint_format,
-        native_from=later(t.native_from, f.native_from),
-        weight_only_from=later(t.weight_only_from or t.native_from, f.weight_only_from or f.native_from),
+        checkpoint_format="mixed-precision" if len(stored) > 1 else t.checkpoint_format,
+        formats=tuple(dict.fromkeys(t.formats + f.formats)),
         mix=Mix(target, fallback, kept),
     )
 

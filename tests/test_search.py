@@ -29,7 +29,7 @@ def test_a_mixed_builds_name_says_its_make_up():
     assert mix_name("gptq", 3, "int8") == "gptq+3xint8" and p.name == "gptq+3xint8"
     assert (p.mix.target, p.mix.kept, p.mix.fallback) == ("gptq", 3, "int8")
     assert p.checkpoint_format == "mixed-precision" and p.weight_bits == 4 and p.needs_calibration
-    assert p.native_from is None and p.weight_only_from == (8, 0)  # Marlin's 4-bit, INT8's from 7.5: both need 8.0
+    assert p.formats == ("w4a16", "int8")  # its kernels: both formats' rows of the kernel table (tests/test_kernels.py)
     assert "3 most sensitive layer groups at int8" in p.describe(128)
     assert get_precision("gptq+2xbf16").checkpoint_format == "pack-quantized"  # kept layers unquantized: one format
     assert get_precision("fp8+1xbf16").checkpoint_format == "float-quantized"

@@ -161,6 +161,7 @@ class Fit:
     decode_tps_per_user: float  # ceiling x MBU, at the given batch and context
     decode_tps_total: float
     ttft_ms: float  # prefill floor of one prompt of `input_len`
+    why_not: str | None = None  # why no kernel runs the build on this GPU (execution no-kernel): its figures are moot
 
 
 def fit(
@@ -210,4 +211,5 @@ def fit(
         decode_tps_per_user=per_user,
         decode_tps_total=per_user * batch,
         ttft_ms=1000 * ttft,
+        why_not=gpu.why_not(precision),
     )

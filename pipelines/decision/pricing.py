@@ -108,10 +108,15 @@ def cells_of(card: ModelCard, precision: str) -> tuple[dict[str, Cell], dict[int
         for fit in sized.fits:
             if fit.gpu in cells:
                 continue
+            gpu = gpus.get_gpu(fit.gpu)
+            if why := gpu.why_not(precision):  # not priced as if it ran: no kernel of the engine runs it there
+                cost = capacity.Cost(_needed(card, None), None, None, None, None, None, f"no kernel runs it: {why}")
+                cells[fit.gpu] = Cell(fit.gpu, None, cost, t.prices.get(fit.gpu))
+                continue
             got = capacity.project(
                 shape,
                 precision,
-                gpus.get_gpu(fit.gpu),
+                gpu,
                 weights=sized.weights_bytes,
                 input_len=sc.input_len,
                 output_len=sc.output_len,

@@ -184,7 +184,7 @@ def fit_cells(f: Fit) -> dict[str, str]:
     return {
         "gpu": f.gpu,
         "precision": f.precision,
-        "runs": f.execution,
+        "runs": f"{f.execution} ({f.why_not})" if f.why_not else f.execution,
         "fits": "yes" if f.fits else (f"TP {f.tensor_parallel}" if f.tensor_parallel else "no"),
         "total": formats.size(f.total_gb),
         "weights": formats.size(f.weights_gb),

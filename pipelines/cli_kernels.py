@@ -1,0 +1,44 @@
+"""`qeval kernels`: the kernel table (quant/kernels.py) for precisions, on every device class it knows: the kernel
+that runs each, how, and where none does, why. Registered on the command line by pipelines/cli.py.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from pipelines.cli_common import JsonOpt, PrecisionsOpt, emit_json, guarded, out
+from pipelines.core.system.errors import QevalError
+from quant.execution import runs_on
+from quant.kernels import CLASSES
+from quant.precisions import PRECISIONS, get_precision
+
+
+def table_rows(precisions: list[str]) -> list[dict]:
+    """One row per precision and device class: the kernel (empty for the baseline's own dtype), how it runs, why."""
+    rows = []
+    for name in precisions:
+        for cls in CLASSES:
+            row = runs_on(name, cls)
+            rows.append(
+                {"precision": name, "device": cls, "kernel": row.kernel, "runs": str(row.execution), "why": row.why}
+            )
+    return rows
+
+
+@guarded
+def kernels(precision: PrecisionsOpt = None, as_json: JsonOpt = False) -> None:
+    """Which kernel of vLLM runs each precision on each device class, how, and where none does, why."""
+    names = precision or list(PRECISIONS)
+    for name in names:
+        try:
+            get_precision(name)
+        except ValueError as e:
+            raise QevalError(str(e)) from None
+    rows = table_rows(names)
+    table = Table(title="kernels (vLLM 0.32; quant/kernels.py)")
+    for col in ("precision", "device", "kernel", "runs", "why"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["precision"], r["device"], r["kernel"] or "", r["runs"], r["why"])
+    out.print(table)
+    emit_json({"kernels": rows}, as_json)
