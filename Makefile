@@ -36,7 +36,7 @@ ENGINE_EVAL  := lm-eval[ruler]
 ENGINE_EVAL_STAMP := $(ENGINE_VENV)/.installed-lm-eval-ruler
 ENGINE_DEPS  := $(ENGINE_STAMP) $(if $(HAS_CUDA),$(ENGINE_EVAL_STAMP))
 
-.PHONY: run setup-run setup-test engine-eval speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size stage stages gate report sensitivity search ui quality venv engine team browser postgresql clean-venv
+.PHONY: run formats setup-run setup-test engine-eval speed-at-shape test test-fast lint models all quantize evaluate bench serve shape size stage stages gate report sensitivity search ui quality venv engine team browser postgresql clean-venv
 .DEFAULT_GOAL := run
 
 $(STAMP): pyproject.toml requirements.lock
@@ -98,6 +98,11 @@ engine-eval: $(ENGINE_EVAL_STAMP)
 run: setup-run
 	$(QEVAL) run --model ref-lm || [ $$? -eq 1 ]
 	@echo "next: 'make speed-at-shape' times every precision at Qwen2.5-0.5B-Instruct's real shape on vLLM (minutes)"
+
+# The formats of Hopper and Blackwell GPUs (FP8 blocks, W4A8, NVFP4, and NVFP4 with FP8 layers) on ref-lm: its own
+# card, so that `make run` keeps its time; `qeval kernels` says which kernel runs each where.
+formats: setup-run
+	$(QEVAL) run --model ref-lm-formats || [ $$? -eq 1 ]
 
 # A small real model's speed half: every precision at Qwen2.5-0.5B-Instruct's real shape with random weights on
 # vLLM, in its chat scenario (its weights are never fetched here; its quality needs them, so nothing of it

@@ -156,7 +156,9 @@ def quantize_checkpoint(cfg: QuantizeConfig, out_dir: Path) -> QuantizeResult:
     model.to(getattr(torch, SAVED_DTYPE))
     checkpoint = out_dir / CHECKPOINT_DIR
     try:
-        model.save_pretrained(checkpoint, save_compressed=True)
+        # the precision's format, not the one compressed-tensors infers (W4A8's INT4 weights, packed, not int8)
+        fmt = {} if precision.mix else {"quantization_format": precision.checkpoint_format}
+        model.save_pretrained(checkpoint, save_compressed=True, **fmt)
         tokenizer.save_pretrained(checkpoint)
     except Exception as e:  # safetensors reports a full disk as its own error type, not OSError
         if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):

@@ -45,9 +45,15 @@ class Precision:
     checkpoint_format: str | None = None
     """compressed-tensors format the saved checkpoint must declare (None: not quantized)."""
     grouped: bool = False
-    """Weights share one scale per group of input channels (else one per output channel)."""
+    """Weights share one scale per group of input channels (else one per output channel, or per block)."""
+    group: int | None = None
+    """The group size its format fixes (NVFP4's 16, vLLM's W4A8 kernel's 128); None: the card's."""
+    scale_bytes: float = 2
+    """Bytes of one group's scale (NVFP4's are FP8)."""
     zero_point: bool = False
     """Asymmetric: a zero point per group besides the scale."""
+    float32: bool = True
+    """transformers can compute a build of it in float32 (else in bf16 wherever it would: compute_dtype)."""
     formats: tuple[str, ...] = ()
     """The kernel table's formats its layers take (quant/kernels.py; a mixed build's two; none: the baseline)."""
     kv_cache: Literal["auto", "fp8"] = "auto"
@@ -63,16 +69,22 @@ class Precision:
         16-bit."""
         return kernels.COMPUTE.get(self.formats[0], "bf16") if self.formats else "bf16"
 
+    def group_size(self, card_group: int) -> int:
+        """The group size its weights take given the card's `quantization.group_size`."""
+        return self.group or card_group
+
     def describe(self, group_size: int) -> str:
-        return self.summary.format(group=group_size)
+        return self.summary.format(group=self.group_size(group_size))
 
     def bytes_per_weight(self, group_size: int) -> float:
         """Bytes a weight of a quantized linear layer takes, with its share of scales and zero points.
 
-        Per-channel scales (one 16-bit scale per output row) are negligible next to the row's weights.
+        Per-channel scales (one 16-bit scale per output row), per-block ones (one per 128 x 128 weights) and a
+        tensor's global scale are negligible next to its weights.
         """
-        per_group = (2 + (self.weight_bits / 8 if self.zero_point else 0)) / group_size if self.grouped else 0.0
-        return self.weight_bits / 8 + per_group
+        group = self.group_size(group_size)
+        zero = self.weight_bits / 8 if self.zero_point else 0
+        return self.weight_bits / 8 + ((self.scale_bytes + zero) / group if self.grouped else 0.0)
 
 
 PRECISIONS: dict[str, Precision] = {
@@ -127,6 +139,42 @@ PRECISIONS: dict[str, Precision] = {
         grouped=True,
         formats=("w4a16",),
     ),
+    "fp8-block": Precision(
+        "fp8-block",
+        "FP8 E4M3 weights in 128x128 blocks, dynamic FP8 activations per group of 128",
+        weight_bits=8,
+        activation_bits=8,
+        needs_calibration=False,
+        recipe=recipes.fp8_block,
+        checkpoint_format="float-quantized",
+        formats=("fp8-block",),
+    ),
+    "w4a8": Precision(
+        "w4a8",
+        "INT4 symmetric weights, group {group}, dynamic per-token FP8 activations",
+        weight_bits=4,
+        activation_bits=8,
+        needs_calibration=False,
+        recipe=recipes.w4a8,
+        checkpoint_format="pack-quantized",
+        grouped=True,
+        group=128,
+        formats=("w4a8",),
+    ),
+    "nvfp4a16": Precision(
+        "nvfp4a16",
+        "NVFP4 weights (FP4 E2M1, an FP8 scale per {group}, a global scale), 16-bit activations",
+        weight_bits=4,
+        activation_bits=16,
+        needs_calibration=False,
+        recipe=recipes.nvfp4a16,
+        checkpoint_format="nvfp4-pack-quantized",
+        grouped=True,
+        group=16,
+        scale_bytes=1,
+        float32=False,
+        formats=("nvfp4a16",),
+    ),
 }
 
 
@@ -179,6 +227,7 @@ def _mixed(name: str, target: str, fallback: str, kept: int) -> Precision:
         recipe=lambda opts: recipes.mixed(t.recipe, f.recipe, opts),
         checkpoint_format="mixed-precision" if len(stored) > 1 else t.checkpoint_format,
         formats=tuple(dict.fromkeys(t.formats + f.formats)),
+        float32=t.float32 and f.float32,
         mix=Mix(target, fallback, kept),
     )
 

@@ -74,6 +74,25 @@ def gptq(opts: RecipeOptions) -> list:
     return [GPTQModifier(config_groups=_groups("W4A16", opts), ignore=opts.ignore)]
 
 
+def fp8_block(opts: RecipeOptions) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(targets=["Linear"], scheme="FP8_BLOCK", ignore=opts.ignore)]
+
+
+def w4a8(opts: RecipeOptions) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    # compressed-tensors' W4AFP8 preset: INT4 in groups of 128, the only size vLLM's W4A8 kernel takes
+    return [QuantizationModifier(targets=["Linear"], scheme="W4AFP8", ignore=opts.ignore)]
+
+
+def nvfp4a16(opts: RecipeOptions) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(targets=["Linear"], scheme="NVFP4A16", ignore=opts.ignore)]
+
+
 def mixed(target: Callable[[RecipeOptions], list], fallback: Callable | None, opts: RecipeOptions) -> list:
     """A mixed build's recipe: the target precision's, its quantizing modifier given two config groups, the
     target's scheme for `opts.target_modules` and the fallback's for `opts.fallback_modules`, each by full module

@@ -81,7 +81,8 @@ STORED = {"I8": "int-quantized", "F8_E4M3": "float-quantized"}
 
 def stored_formats(checkpoint: Path, modules: list[str]) -> dict[str, str]:
     """The format each named layer's weight is stored in, read from the checkpoint's safetensors headers:
-    pack-quantized (`<layer>.weight_packed`), int-quantized or float-quantized (its `weight`'s dtype), dense."""
+    nvfp4-pack-quantized (`<layer>.weight_packed` beside a `weight_global_scale`), pack-quantized
+    (`<layer>.weight_packed`), int-quantized or float-quantized (its `weight`'s dtype), dense."""
     from safetensors import safe_open
 
     dtypes = {}
@@ -91,7 +92,7 @@ def stored_formats(checkpoint: Path, modules: list[str]) -> dict[str, str]:
     out = {}
     for m in modules:
         if f"{m}.weight_packed" in dtypes:
-            out[m] = "pack-quantized"
+            out[m] = "nvfp4-pack-quantized" if f"{m}.weight_global_scale" in dtypes else "pack-quantized"
         elif f"{m}.weight" in dtypes:
             out[m] = STORED.get(dtypes[f"{m}.weight"], "dense")
         else:

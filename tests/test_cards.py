@@ -24,7 +24,10 @@ def test_shipped_cards_are_valid():
 def test_ref_lm_card_points_at_the_embedded_model():
     card = load_card("ref-lm")
     assert card.source.path == "refmodel/ref-lm" and card.source.trust_remote_code is False
-    assert set(card.precisions) == {*PRECISIONS, "int8+kv-fp8"}
+    formats = load_card("ref-lm-formats")
+    assert formats.source.path == card.source.path and formats.accuracy == card.accuracy
+    # every precision is built from the embedded model, by one card or the other (the new formats by their own)
+    assert set(card.precisions) | set(formats.precisions) == {*PRECISIONS, "int8+kv-fp8"}
 
 
 def _error(cards, text: str, name: str = "bad") -> str:
@@ -60,7 +63,7 @@ def test_missing_key(cards):
 def test_cross_field_rules(cards):
     base = REF_CARD.replace("name: ref-lm", "name: bad")
     assert "key 'precisions.1': not a precision qeval builds (did you mean 'fp8'?)" in _error(
-        cards, base.replace("[bf16, fp8,", "[bf16, fp4,")
+        cards, base.replace("[bf16, fp8,", "[bf16, fp9,")
     )
     assert "gate.baseline 'fp8'" in _error(
         cards, base.replace("precisions: [bf16, fp8,", "precisions: [bf16,").replace("baseline: bf16", "baseline: fp8")

@@ -42,10 +42,11 @@ def test_every_precision_through_recipe_proof_sizing_gpus_and_tracking(name):
         assert recipe and all(type(m).__name__.endswith("Modifier") for m in recipe)
         assert check_quantization_config(_saved_config(p), name) == (p.checkpoint_format, p.weight_bits)
         groups = [g for m in recipe for g in (getattr(m, "config_groups", None) or {}).values()]
-        assert all(g.weights.group_size in (64, None) for g in groups)  # the card's group size reaches the recipe
+        # the card's group size reaches the recipe, but where the format fixes one (NVFP4's 16, W4A8's 128)
+        assert all(g.weights.group_size in (p.group or 64, None) for g in groups)
     # bytes per weight: the bits, plus a 16-bit scale (and a zero point) per group for grouped precisions
     assert p.bytes_per_weight(128) >= p.weight_bits / 8
-    assert (p.bytes_per_weight(64) > p.bytes_per_weight(128)) == p.grouped
+    assert (p.bytes_per_weight(64) > p.bytes_per_weight(128)) == (p.grouped and p.group is None)
     assert weight_bytes(LLAMA3_8B, name, 64) >= weight_bytes(LLAMA3_8B, name, 128)
     # every GPU of the catalog runs it somehow or says why not, and its prefill floor uses the units it runs on
     for gpu in CATALOG:
@@ -56,7 +57,8 @@ def test_every_precision_through_recipe_proof_sizing_gpus_and_tracking(name):
     # what the build logs says what it is, at the card's group size
     cfg = QuantizeConfig(base="b", precision=name, group_size=64, ignore=list(IGNORE))
     params = logged(Quantized(checkpoint="c", checkpoint_bytes=1, scheme=p.describe(64), config=cfg)).params
-    assert params["quant.scheme"] == p.describe(64) and ("group 64" in params["quant.scheme"]) == p.grouped
+    assert params["quant.scheme"] == p.describe(64)
+    assert (str(p.group_size(64)) in params["quant.scheme"]) == p.grouped
 
 
 def test_how_each_gpu_generation_runs_each_precision():
@@ -67,6 +69,9 @@ def test_how_each_gpu_generation_runs_each_precision():
         "int8": "native",
         "awq": "weight-only",
         "gptq": "weight-only",
+        "fp8-block": "weight-only",  # Marlin: CUTLASS's block FP8 from 9.0
+        "w4a8": "no-kernel",  # vLLM's W4A8-FP8 scheme at 9.0 alone
+        "nvfp4a16": "weight-only",
     }
     assert runs["h100-sxm"]["fp8"] == runs["l4"]["fp8"] == "native"
     h100 = get_gpu("h100-sxm")

@@ -47,9 +47,9 @@ def test_a_shape_build_declares_each_precisions_own_format_and_scheme(tmp_path):
         (group,) = q["config_groups"].values()
         assert group["format"] == p.checkpoint_format
         assert group["weights"]["num_bits"] == p.weight_bits
-        assert group["weights"]["group_size"] == (128 if p.grouped else None)
+        assert group["weights"]["group_size"] == (p.group_size(128) if p.grouped else None)
         assert group["weights"]["symmetric"] is not p.zero_point
-        assert (group["input_activations"] is not None) == (p.activation_bits == 8)
+        assert (group["input_activations"] is not None) == (p.activation_bits < 16)
         assert {k: v for k, v in config.items() if k != "quantization_config"} == TINY
         assert sorted(f.name for f in out.iterdir()) == ["config.json"]  # no weights, no tokenizer here
 

@@ -50,12 +50,12 @@ def quantize(
         inputs = {"base": weights_identity(card, base)}
         return run_stage(tracker, precision, Quantized, inputs, lambda out: _baseline(card, base, scheme), force=force)
     spec, calib_id = calibration_spec(card, num_samples) if p.needs_calibration else (None, None)
-    dtype = compute_dtype(compute_device().device)
+    dtype = compute_dtype(compute_device().device, precision=precision)
     at, kept = _mixed_layers(card, precision) if p.mix else ([], [])
     cfg = build_mod.QuantizeConfig(
         base=base,
         precision=precision,
-        group_size=card.quantization.group_size,
+        group_size=p.group_size(card.quantization.group_size),
         ignore=card.quantization.ignore,
         calibration=spec,
         trust_remote_code=card.source.trust_remote_code,
