@@ -175,6 +175,20 @@ PRECISIONS: dict[str, Precision] = {
         float32=False,
         formats=("nvfp4a16",),
     ),
+    "nvfp4": Precision(
+        "nvfp4",
+        "NVFP4 weights and activations (FP4 E2M1, an FP8 scale per {group}, calibrated global scales)",
+        weight_bits=4,
+        activation_bits=4,
+        needs_calibration=True,
+        recipe=recipes.nvfp4,
+        checkpoint_format="nvfp4-pack-quantized",
+        grouped=True,
+        group=16,
+        scale_bytes=1,
+        float32=False,
+        formats=("nvfp4",),
+    ),
 }
 
 
@@ -185,7 +199,7 @@ KV_VARIANTS = {"kv-fp8": "fp8"}
 
 MIX_FORM = re.compile(r"(?P<target>[a-z0-9]+)\+(?P<kept>[0-9]+)x(?P<fallback>[a-z0-9]+)")
 """`gptq+3xint8`: GPTQ's build with its 3 most sensitive layer groups at INT8 (a mixed build, Mix)."""
-MIX_TARGETS = ("fp8", "int8", "gptq")
+MIX_TARGETS = ("fp8", "int8", "gptq", "nvfp4")
 """Precisions a mixed build can take most layers to: each is one quantizing modifier that applies every config
 group's own scheme (AWQ's smoothing searches one scheme's scales across all layers, so it stays uniform)."""
 

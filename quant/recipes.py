@@ -93,6 +93,13 @@ def nvfp4a16(opts: RecipeOptions) -> list:
     return [QuantizationModifier(targets=["Linear"], scheme="NVFP4A16", ignore=opts.ignore)]
 
 
+def nvfp4(opts: RecipeOptions) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    # the activations' global scale is calibrated: the recipe needs data
+    return [QuantizationModifier(targets=["Linear"], scheme="NVFP4", ignore=opts.ignore)]
+
+
 def mixed(target: Callable[[RecipeOptions], list], fallback: Callable | None, opts: RecipeOptions) -> list:
     """A mixed build's recipe: the target precision's, its quantizing modifier given two config groups, the
     target's scheme for `opts.target_modules` and the fallback's for `opts.fallback_modules`, each by full module

@@ -72,6 +72,7 @@ def test_how_each_gpu_generation_runs_each_precision():
         "fp8-block": "weight-only",  # Marlin: CUTLASS's block FP8 from 9.0
         "w4a8": "no-kernel",  # vLLM's W4A8-FP8 scheme at 9.0 alone
         "nvfp4a16": "weight-only",
+        "nvfp4": "weight-only",  # no FP4 tensor cores before Blackwell: Marlin, activations kept wide
     }
     assert runs["h100-sxm"]["fp8"] == runs["l4"]["fp8"] == "native"
     h100 = get_gpu("h100-sxm")

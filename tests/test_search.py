@@ -83,7 +83,7 @@ REF_SEARCH = "search:\n  target: gptq\n  fallback: int8\n"
 
 def test_the_cards_search_section_is_checked(cards):
     assert load_card("ref-lm").search.target == "gptq"
-    assert "key 'search.target': a mixed build's layers go to one of fp8, int8, gptq, not 'awq'" in _card(
+    assert "key 'search.target': a mixed build's layers go to one of fp8, int8, gptq, nvfp4, not 'awq'" in _card(
         cards, "search:\n  target: awq+1xint8\n  fallback: int8\n"
     )
     assert "target 'bf16' is not among" in _card(cards, "search:\n  target: bf16\n  fallback: int8\n")
