@@ -82,16 +82,15 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset(flags)
 
 
-def compute_dtype(device: Device, flags: frozenset[str] | None = None, precision: str | None = None) -> str:
+def compute_dtype(device: Device, flags: frozenset[str] | None = None) -> str:
     """The dtype transformers computes a build in on `device` (calibration, the logit check, evaluation).
 
     bfloat16 on a GPU and on a CPU with bf16 units; float32 on any other CPU, where torch emulates bf16
     matrix products, slower than float32 (docs/toolchain.md, "transformers", has the figures).
     The weights are the checkpoint's either way: bf16 values and dequantized low-bit ones are exact in
-    float32; only the sums are rounded less. A `precision` that cannot compute in float32 (NVFP4: compressed-
-    tensors 0.19 unpacks its weights to bf16 whatever the model's dtype, compressors/nvfp4/base.py) takes bf16.
+    float32; only the sums are rounded less (NVFP4's too: quant/nvfp4_dtype.py).
     """
-    if device.kind == "cuda" or (precision is not None and not get_precision(precision).float32):
+    if device.kind == "cuda":
         return "bfloat16"
     return "bfloat16" if (cpu_flags() if flags is None else flags) & BF16_UNITS else "float32"
 

@@ -52,8 +52,6 @@ class Precision:
     """Bytes of one group's scale (NVFP4's are FP8)."""
     zero_point: bool = False
     """Asymmetric: a zero point per group besides the scale."""
-    float32: bool = True
-    """transformers can compute a build of it in float32 (else in bf16 wherever it would: compute_dtype)."""
     formats: tuple[str, ...] = ()
     """The kernel table's formats its layers take (quant/kernels.py; a mixed build's two; none: the baseline)."""
     kv_cache: Literal["auto", "fp8"] = "auto"
@@ -65,9 +63,9 @@ class Precision:
 
     @property
     def compute(self) -> str:
-        """The matrix units its products use where it runs natively: its first format's (kernels.COMPUTE), else
-        16-bit."""
-        return kernels.COMPUTE.get(self.formats[0], "bf16") if self.formats else "bf16"
+        """The matrix units its products use where it runs natively (kernels.COMPUTE; a mixed build's fallback's,
+        the wider and slower of its two), else 16-bit."""
+        return kernels.COMPUTE.get(self.formats[-1], "bf16") if self.formats else "bf16"
 
     def group_size(self, card_group: int) -> int:
         """The group size its weights take given the card's `quantization.group_size`."""
@@ -172,7 +170,6 @@ PRECISIONS: dict[str, Precision] = {
         grouped=True,
         group=16,
         scale_bytes=1,
-        float32=False,
         formats=("nvfp4a16",),
     ),
     "nvfp4": Precision(
@@ -186,7 +183,6 @@ PRECISIONS: dict[str, Precision] = {
         grouped=True,
         group=16,
         scale_bytes=1,
-        float32=False,
         formats=("nvfp4",),
     ),
 }
@@ -241,7 +237,6 @@ def _mixed(name: str, target: str, fallback: str, kept: int) -> Precision:
         recipe=lambda opts: recipes.mixed(t.recipe, f.recipe, opts),
         checkpoint_format="mixed-precision" if len(stored) > 1 else t.checkpoint_format,
         formats=tuple(dict.fromkeys(t.formats + f.formats)),
-        float32=t.float32 and f.float32,
         mix=Mix(target, fallback, kept),
     )
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quant.nvfp4_dtype import decompress_nvfp4_in
 from quant.precisions import get_precision
 
 # Fixed probe text: plain English of several registers, so that every model sees the same inputs.
@@ -140,6 +141,7 @@ def verify_checkpoint(cfg: VerifyConfig, out_dir: Path) -> VerifyResult:
     if device != "cpu":  # straight onto the GPU: an 8B model's two copies are 32 GB that host memory need not hold
         load["device_map"] = device
     base = AutoModelForCausalLM.from_pretrained(cfg.base, **load).eval()
+    decompress_nvfp4_in(cfg.dtype)  # NVFP4 weights in the dtype both models compute in (quant/nvfp4_dtype.py)
     build = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, **load).eval()
     base_rows, build_rows = [], []
     with torch.no_grad():

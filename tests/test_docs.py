@@ -103,3 +103,15 @@ def test_the_readmes_card_is_a_valid_card(tmp_path):
     (tmp_path / f"{name}.yaml").write_text(shown.group(1))
     card = parse_card(tmp_path / f"{name}.yaml")
     assert card.source.hub_id and card.precisions[0] == card.gate.baseline
+
+
+def test_the_readmes_precision_table_lists_every_precision_where_the_kernel_table_runs_it():
+    from pipelines.cli_kernels import natively
+    from quant.precisions import PRECISIONS
+
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## Precisions") :].split("\n\n")[1]
+    rows = {
+        cells[0].strip("` "): cells[-1].strip() for line in table.splitlines()[2:] if (cells := line.split("|")[1:-1])
+    }
+    assert rows == {name: natively(name) for name in PRECISIONS}

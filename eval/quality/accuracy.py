@@ -32,6 +32,7 @@ from eval.quality.records import GENERATED_IDS, RESULTS_FILE, AccuracyResult, sc
 from eval.quality.rounds import Rounds, score_in_rounds
 from eval.quality.scored_rows import log_softmax_scored_rows
 from eval.quality.stopping import StopScoring, decided, first_stop
+from quant.nvfp4_dtype import decompress_nvfp4_in
 
 WARM_IMPORTS = ("torch", "transformers", "datasets", "compressed_tensors", "lm_eval", "lm_eval.evaluator")
 """What every evaluation imports: pipelines/core/system/warm.py imports them once for the builds it evaluates."""
@@ -130,6 +131,7 @@ def evaluate_accuracy(cfg: AccuracyConfig, out_dir: Path) -> AccuracyResult:
     if backend == "hf":
         same_values_faster()  # a W8A8 or FP8 build's emulated activation quantization (eval/quality/qdq_fast.py)
         log_softmax_scored_rows()  # over the positions lm-eval scores, not all (eval/quality/scored_rows.py)
+        decompress_nvfp4_in(cfg.dtype)  # NVFP4 weights in the dtype the model computes in (quant/nvfp4_dtype.py)
         if cfg.kv_cache_dtype == "fp8":
             fp8_kv_attention(query=cfg.fp8_query)
     elif backend == "vllm":

@@ -123,7 +123,7 @@ def accuracy_config(
         limit=limit or acc.limit,
         batch_size=batch,
         seed=acc.seed,
-        dtype=compute_dtype(here.device, precision=precision),
+        dtype=compute_dtype(here.device),
         trust_remote_code=card.source.trust_remote_code,
         backend=backend,
         tensor_parallel=card.server.tensor_parallel or 1,

@@ -50,7 +50,7 @@ def quantize(
         inputs = {"base": weights_identity(card, base)}
         return run_stage(tracker, precision, Quantized, inputs, lambda out: _baseline(card, base, scheme), force=force)
     spec, calib_id = calibration_spec(card, num_samples) if p.needs_calibration else (None, None)
-    dtype = compute_dtype(compute_device().device, precision=precision)
+    dtype = compute_dtype(compute_device().device)
     at, kept = _mixed_layers(card, precision) if p.mix else ([], [])
     cfg = build_mod.QuantizeConfig(
         base=base,

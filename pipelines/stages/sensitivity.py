@@ -84,7 +84,7 @@ def sensitivity(
         ignore=card.quantization.ignore,
         trust_remote_code=card.source.trust_remote_code,
         device=compute_device().kind,
-        dtype=compute_dtype(compute_device().device, precision=precision),
+        dtype=compute_dtype(compute_device().device),
     )
     check_memory(job, model_config(base), compute_device().memory_bytes or available_bytes())
     return run_stage(tracker, precision, Ranked, inputs, lambda out: _measure_here(card, job, out), force=force)
