@@ -28,7 +28,7 @@ def test_unknown_model_is_exit_2_with_one_line(workdir):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"qeval: error: unknown model 'ref_lm' (did you mean 'ref-lm'?); known: llama-3.1-8b-instruct, "
-        f"qwen2.5-0.5b-instruct, ref-lm (add a card as {REPO}/pipelines/models/ref_lm.yaml)"
+        f"qwen2.5-0.5b-instruct, ref-lm, ref-lm-formats (add a card as {REPO}/pipelines/models/ref_lm.yaml)"
     ]
 
 

@@ -644,9 +644,10 @@ def _engine_tasks(folder: Path, env: dict[str, str]) -> list[tuple[list[str], st
     # the shipped cards' files, read by path: a test beside this thread may point QEVAL_CARDS_DIR elsewhere
     cards = [parse_card(path).accuracy for path in sorted((REPO / "pipelines/models").glob("*.yaml"))]
     hub = [*dict.fromkeys(t for acc in cards if not acc.include_path for t in acc.tasks)]
-    local = [(acc.tasks, str(REPO / acc.include_path)) for acc in cards if acc.include_path]
+    # each local task set once: ref-lm's two cards share theirs
+    local = dict.fromkeys((tuple(acc.tasks), str(REPO / acc.include_path)) for acc in cards if acc.include_path)
     loaded = []
-    for tasks, include in [(hub, None), *local]:
+    for tasks, include in [(hub, None), *((list(t), i) for t, i in local)]:
         cfg = AccuracyConfig(
             checkpoint=str(REPO / "refmodel/ref-lm"),  # a tokenizer for the task metadata; no weights are read
             tasks=tasks,
@@ -674,7 +675,7 @@ def test_every_task_of_every_shipped_card_loads_in_the_engines_python(engine_tas
     from pipelines.stages.engines import ENGINE_VENV
 
     shipped = sorted((REPO / "pipelines/models").glob("*.yaml"))
-    assert [p.stem for p in shipped] == ["llama-3.1-8b-instruct", "qwen2.5-0.5b-instruct", "ref-lm"]
+    assert [p.stem for p in shipped] == ["llama-3.1-8b-instruct", "qwen2.5-0.5b-instruct", "ref-lm-formats", "ref-lm"]
     every = {t for path in shipped for t in parse_card(path).accuracy.tasks}
     assert {t for tasks, _, _ in engine_tasks for t in tasks} == every and "niah_single_2" in every
     for tasks, include, loaded in engine_tasks:

@@ -126,7 +126,7 @@ def test_every_precision_builds_a_real_quantized_checkpoint(builds):
         assert 0.5 < q.proof.top1_agreement < 1.0 or name in ("fp8", "int8")
         if want.needs_calibration:
             assert q.build.calibration_samples == 4
-    kl = {p: builds[p].result.proof.kl_vs_baseline for p in PRECISIONS if p != "bf16"}
+    kl = {p: builds[p].result.proof.kl_vs_baseline for p in ("fp8", "int8", "awq", "gptq")}
     assert max(kl["fp8"], kl["int8"]) < min(kl["awq"], kl["gptq"]), kl  # 8 bits stay closer than 4
     assert builds["awq"].result.build.awq_cpu_workaround is not torch.accelerator.is_available()
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from eval.devices.gpus import get_gpu, gpu_for_device
+from eval.devices.gpus import CATALOG, get_gpu, gpu_for_device
 from eval.devices.sizing import Assumptions, Shape, fit, weight_bytes
 from eval.devices.speed import decode_step_bytes
 from pipelines.core.system.paths import REPO_ROOT
@@ -140,7 +140,7 @@ def test_size_prints_every_catalog_gpu_for_a_real_card_offline(tmp_path):
     assert done.returncode == 0, done.stderr[-1500:]
     assert "90% of memory, 1 GiB reserve, 2-byte KV entries" in done.stdout  # the assumptions, as sizing has them
     rows = last_json_line(done.stdout)["rows"]
-    assert len(rows) == 9 * 5 and {r["gpu"] for r in rows} >= {"h100-sxm", "h200", "l4", "a10g"}
+    assert len(rows) == len(CATALOG) * 5 and {r["gpu"] for r in rows} >= {"b200", "h100-sxm", "h200", "l4", "a10g"}
     h100 = next(r for r in rows if r["gpu"] == "h100-sxm" and r["precision"] == "bf16")
     assert h100["weights_gb"] == pytest.approx(16.06, abs=0.005) and h100["fits"] is True  # numbers, not table text
     assert isinstance(h100["max_sequences"], int) and h100["execution"] == "native"
