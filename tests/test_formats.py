@@ -1,7 +1,7 @@
 """The formats of Hopper and Blackwell GPUs on ref-lm (card ref-lm-formats, `make formats`), small: each new precision
 and the mixed NVFP4 build whose most sensitive layer groups are FP8, built for real and proven layer by layer,
-evaluated, benched, sized and gated; how each runs on this CPU as transformers reports it and as the kernel table
-says vLLM would (slow)."""
+evaluated, benched, sized and gated, and the mix served; how each runs on this CPU as transformers reports it and
+as the kernel table says vLLM would (slow). One side job (tests/lanes.py) runs it all as `qeval` commands."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from safetensors import safe_open
 from conftest import SMALL, use_root
 from pipelines.core.card.cards import ModelCard, load_card
 from pipelines.core.store.manifests import result_of
-from pipelines.core.store.results import Benched, Evaluated, Quantized, Ranked, Sized
+from pipelines.core.store.results import Benched, Evaluated, Quantized, Ranked, Served, Sized
 from pipelines.core.store.verdicts import Decision, read_decision
 from pipelines.stages import engines
 from quant.execution import CPU, compute_dtype, runs
@@ -51,6 +51,8 @@ def formats_small_text() -> str:
     listed = "precisions: [bf16, fp8, fp8-block, w4a8, nvfp4a16, nvfp4]"
     assert TASKS in text and listed in text
     text = text.replace(TASKS, "tasks: [refkjv_ppl, refkjv_next_verse]").replace(listed, listed[:-1] + f", {MIX}]")
+    assert "  served_accuracy: true\n" in text  # a sweep is what is checked of the mix's server, not its scoring
+    text = text.replace("  served_accuracy: true\n", "  served_accuracy: false\n")
     return text.replace("  task_metric:\n", "").replace("  controls:\n", "")
 
 
@@ -69,6 +71,7 @@ def _formats(folder: Path, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
         ("bench",),
         ("stage", "size"),
         ("gate",),
+        ("serve", "--precision", MIX),  # no kernel of vLLM's runs it here: transformers serve, emulated
     ):
         done = run_qeval(*args, "--model", "formats-small", env=env, timeout=600)
         if done.returncode not in (0, 1):  # the gate's 1: nothing ships
@@ -95,7 +98,7 @@ def formats(formats_run, monkeypatch) -> Formats:
     assert failed == {}, failed
     use_root(monkeypatch, folder)
     card = load_card("formats-small")
-    kinds = {"evaluate": Evaluated, "bench": Benched, "size": Sized}
+    kinds = {"evaluate": Evaluated, "bench": Benched, "size": Sized, "serve": Served}
     done = {stage: {p: result_of(card.name, p, kind) for p in card.precisions} for stage, kind in kinds.items()}
     built = {p: result_of(card.name, p, Quantized) for p in card.precisions}
     return Formats(card, result_of(card.name, "nvfp4", Ranked), built, done, read_decision(card.name))
@@ -155,7 +158,7 @@ def test_each_new_format_is_evaluated_benched_sized_and_gated(formats):
 def test_vllms_cpu_build_is_handed_only_what_a_kernel_of_its_runs(formats):
     """The serve and shape stages ask engines.vllm_cannot_run before starting vLLM: on this CPU no NVFP4 or W4A8
     build (nor the mix) reaches it, and block FP8 only where AMX runs it; the others are served by transformers
-    serve, labelled emulated."""
+    serve, labelled emulated, as the mix was."""
     dtype = engines.vllm_dtype(CPU)
     for p in formats.card.precisions:
         row = runs(p, CPU)
@@ -164,3 +167,5 @@ def test_vllms_cpu_build_is_handed_only_what_a_kernel_of_its_runs(formats):
             assert cannot == row.why, p
     for p in ("w4a8", "nvfp4a16", "nvfp4", MIX):
         assert engines.vllm_cannot_run(p, CPU, dtype=dtype), p
+    served = formats.done["serve"][MIX]  # the mix's server: the serve stage's own choice, as it said
+    assert served.engine == "transformers" and served.execution == "emulated" and served.per_level, served.engine

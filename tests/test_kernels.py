@@ -72,6 +72,15 @@ def test_int8_w8a8_has_no_kernel_on_blackwell():
     assert b200.compute_flops("int8") == b200.bf16_flops  # not its INT8 units: nothing runs them
 
 
+def test_nvfp4_is_native_only_from_blackwell_and_never_on_a_cpu():
+    native = {cls for cls in CLASSES if runs_on("nvfp4", cls).execution == "native"}
+    assert native == {"sm100", "sm120"}
+    assert {runs_on("nvfp4", c).execution for c in ("sm80", "sm89", "sm90")} == {"weight-only"}  # Marlin's FP4
+    assert all(not runs_on(p, c).runs for p in ("nvfp4", "nvfp4a16") for c in kernels.CPU_CLASSES)
+    assert get_gpu("b200").compute_flops("nvfp4") == get_gpu("b200").fp4_flops
+    assert get_gpu("h100-sxm").compute_flops("nvfp4") == get_gpu("h100-sxm").bf16_flops  # weight-only: 16-bit math
+
+
 def test_a_mixed_build_runs_where_both_its_formats_do():
     assert runs("gptq+3xint8", Device("cuda", (9, 0))).execution == "mixed"
     assert not runs("gptq+3xint8", Device("cuda", (10, 0))).runs  # its INT8 layers have no kernel there
