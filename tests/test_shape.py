@@ -379,6 +379,7 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
 
     kernels = {"gptq": "CPUWNA16LinearKernel"}
     cannot = vllm_cannot_run("gptq", CPU)  # vLLM's 4-bit CPU kernel needs AVX-512
+    bounded = {}  # precision -> whether its sweep of the traffic's scenario (long) missed no level
     for precision in ("bf16", "gptq"):
         folder = workdir / "artifacts" / "tiny-shape" / precision / "shape"
         result = json.loads((folder / "manifest.json").read_text())["result"]
@@ -409,6 +410,8 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
             assert {"1", "2"} <= set(sweep["per_level"]) and sweep["failed_requests"] == 0
             missed = any(m["slo_verdict"] == "FAIL" for m in sweep["per_level"].values())
             assert (sweep["users_bound"] is None) == missed, sweep["users_bound"]
+            if name == "long":
+                bounded[precision] = not missed
             rows = serving.read_csv(folder / f"requests-{name}.csv")
             assert len(rows) == sum(m["requests"] for m in sweep["per_level"].values())
             assert {(r.prompt_tokens, r.output_tokens) for r in rows} == {(prompt, 8)}
@@ -428,7 +431,13 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
     assert "## Capacity and cost: 8 concurrent users at peak, scenario long (1016 tokens in, 8 out)" in report
     table = report.split("## Capacity and cost")[1]
     assert "| build | verdict | worst recovery | cpu | l4 | crossover (output tokens/s against" in table
-    assert "(measured)" in table and "device-hour per hour, no price in the card; projected)" in table
+    assert "device-hour per hour, no price in the card; projected)" in table
+    # measured either way: an edge its sweep found, or, where no level missed (how fast the server is beside the
+    # other tests decides which), the users a lower bound
+    if any(bounded.values()):
+        assert "measured; none missed, stopped at the card's edge.levels" in table
+    if not all(bounded.values()):
+        assert "(measured)" in table
 
     from mlflow.tracking import MlflowClient
 
