@@ -431,7 +431,8 @@ def test_a_card_without_reachable_weights_runs_its_speed_half_on_vllm_and_ships_
     assert "device-hour per hour, no price in the card; projected)" in table
     # each build's CPU cell measured: an edge its sweep found, a lower bound where it missed no level before the
     # card's edge bounds stopped it, or no user held (how fast the server is beside the other tests decides which)
-    cpu = {line.split(" | ")[0][2:]: line.split(" | ")[3] for line in table.splitlines() if line.startswith("| ")}
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    cpu = {cells[0].removeprefix("| "): cells[3] for cells in rows}
     for precision in ("bf16",) if cannot else ("bf16", "gptq"):
         cell = cpu[precision]
         assert cell.endswith("(measured)") or "(measured; none missed, stopped at the card's edge." in cell, cell
